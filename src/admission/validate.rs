@@ -1,0 +1,124 @@
+//! The validating routes: TrainJob against its runtime, and the runtimes themselves.
+
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, Operation};
+use serde_json::Value;
+
+use crate::api::{RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
+use crate::field_error::{BadValue, FieldError, aggregate};
+use crate::mpi::validate::{validate_runtime, validate_train_job};
+use crate::objects::ObjectSource;
+use crate::objects::dir::from_value;
+
+use super::Verdict;
+
+/// Label value marking a deprecated ClusterTrainingRuntime.
+const SUPPORT_LABEL: &str = "trainer.kubeflow.org/support";
+const DEPRECATION_POLICY_URL: &str = "https://trainer.kubeflow.org/en/latest/operator-guides/runtime.html#runtime-deprecation-policy";
+
+/// The runtime kind a TrainJob refers to, or upstream's `unsupported runtime: <Kind>.<group>`.
+///
+/// # Errors
+/// The message for a runtimeRef that names neither runtime kind.
+pub fn runtime_kind(train_job: &TrainJob) -> Result<RuntimeKind, String> {
+    let runtime_ref = &train_job.spec.runtime_ref;
+    match (runtime_ref.api_group(), runtime_ref.kind()) {
+        (TRAINER_GROUP, "TrainingRuntime") => Ok(RuntimeKind::TrainingRuntime),
+        (TRAINER_GROUP, "ClusterTrainingRuntime") => Ok(RuntimeKind::ClusterTrainingRuntime),
+        _ => Err(format!("unsupported runtime: {}", runtime_ref.group_kind())),
+    }
+}
+
+/// Upstream's "runtime missing" error, quirks kept (Decision 11): field `spec.RuntimeRef` for
+/// ClusterTrainingRuntime, the API server's NotFound text, the camel-cased kind.
+fn runtime_not_found(kind: RuntimeKind, name: &str, raw: &Value) -> FieldError {
+    let (field, noun) = match kind {
+        RuntimeKind::TrainingRuntime => ("spec.runtimeRef", "trainingRuntime"),
+        RuntimeKind::ClusterTrainingRuntime => ("spec.RuntimeRef", "clusterTrainingRuntime"),
+    };
+    FieldError::invalid(
+        field,
+        BadValue::Json(
+            raw.pointer("/spec/runtimeRef")
+                .cloned()
+                .unwrap_or(Value::Null),
+        ),
+        format!(
+            "{}.{TRAINER_GROUP} \"{name}\" not found: specified {noun} must be created before the TrainJob is created",
+            kind.resource()
+        ),
+    )
+}
+
+fn deprecation_warning(kind: RuntimeKind, runtime: &TrainingRuntime) -> Option<String> {
+    let deprecated = runtime
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(SUPPORT_LABEL))
+        .is_some_and(|v| v == "deprecated");
+    (kind == RuntimeKind::ClusterTrainingRuntime && deprecated).then(|| {
+        format!(
+            "Referenced ClusterTrainingRuntime \"{}\" is deprecated and will be removed in a future release of Kubeflow Trainer. See runtime deprecation policy: {DEPRECATION_POLICY_URL}",
+            runtime.name()
+        )
+    })
+}
+
+/// `/validate-trainer-kubeflow-org-v1alpha1-trainjob`.
+pub(super) async fn train_job<S: ObjectSource>(
+    req: &AdmissionRequest<DynamicObject>,
+    object: &Value,
+    objects: &S,
+) -> Verdict {
+    let train_job: TrainJob = match from_value(object) {
+        Ok(t) => t,
+        Err(e) => return Verdict::deny(format!("TrainJob cannot be read: {e}")),
+    };
+    let kind = match runtime_kind(&train_job) {
+        Ok(kind) => kind,
+        Err(message) => return Verdict::deny(message),
+    };
+    let namespace = req
+        .namespace
+        .as_deref()
+        .unwrap_or_else(|| train_job.namespace());
+    let name = &train_job.spec.runtime_ref.name;
+    let runtime = match objects.runtime(kind, namespace, name).await {
+        Ok(Some(runtime)) => runtime,
+        Ok(None) => {
+            return Verdict::deny(
+                aggregate(&[runtime_not_found(kind, name, object)]).unwrap_or_default(),
+            );
+        }
+        Err(e) => {
+            return Verdict::internal(format!(
+                "looking up {} {namespace}/{name}: {e}",
+                kind.as_str()
+            ));
+        }
+    };
+    let errors = validate_train_job(&train_job, object, &runtime, kind);
+    Verdict {
+        denial: aggregate(&errors),
+        warnings: deprecation_warning(kind, &runtime).into_iter().collect(),
+        ..Verdict::default()
+    }
+}
+
+/// `/validate-trainer-kubeflow-org-v1alpha1-{cluster,}trainingruntime`.
+pub(super) fn runtime(
+    req: &AdmissionRequest<DynamicObject>,
+    object: &Value,
+    kind: RuntimeKind,
+) -> Verdict {
+    let runtime: TrainingRuntime = match from_value(object) {
+        Ok(r) => r,
+        Err(e) => return Verdict::deny(format!("{} cannot be read: {e}", kind.as_str())),
+    };
+    let errors = validate_runtime(&runtime, object, kind, req.operation == Operation::Update);
+    match aggregate(&errors) {
+        Some(message) => Verdict::deny(message),
+        None => Verdict::allow(),
+    }
+}

@@ -1,0 +1,137 @@
+//! The parts of a JobSet template (`jobset.x-k8s.io/v1alpha2`) the MPI policy reads: replicated
+//! jobs, their counts, labels and the `node` container's resources.
+
+use std::collections::BTreeMap;
+
+use super::resources::ResourceRequirements;
+use serde::Deserialize;
+
+/// `spec.template` of a runtime: a JobSet template.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSetTemplateSpec {
+    /// The JobSet spec.
+    #[serde(default)]
+    pub spec: JobSetSpec,
+}
+
+/// A JobSet spec, as far as it is read.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSetSpec {
+    /// Replicated jobs in template order.
+    #[serde(default)]
+    pub replicated_jobs: Vec<ReplicatedJob>,
+    /// Pod networking (subdomain).
+    #[serde(default)]
+    pub network: Option<Network>,
+}
+
+/// `spec.network`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Network {
+    /// Headless Service name; defaults to the JobSet name.
+    #[serde(default)]
+    pub subdomain: Option<String>,
+}
+
+/// One replicated job.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicatedJob {
+    /// Name (`launcher`, `node`, initializers, ...).
+    #[serde(default)]
+    pub name: String,
+    /// Job replicas; CRD default 1.
+    #[serde(default)]
+    pub replicas: Option<i32>,
+    /// The Job template.
+    #[serde(default)]
+    pub template: JobTemplate,
+}
+
+/// A batch/v1 JobTemplateSpec, reduced.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobTemplate {
+    /// Job template metadata (the ancestor label lives here).
+    #[serde(default)]
+    pub metadata: TemplateMetadata,
+    /// The Job spec.
+    #[serde(default)]
+    pub spec: JobSpec,
+}
+
+/// Labels of a template.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateMetadata {
+    /// Labels.
+    #[serde(default)]
+    pub labels: Option<BTreeMap<String, String>>,
+}
+
+/// A batch/v1 JobSpec, reduced.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSpec {
+    /// Pods run in parallel; default 1.
+    #[serde(default)]
+    pub parallelism: Option<i32>,
+    /// The pod template.
+    #[serde(default)]
+    pub template: PodTemplate,
+}
+
+/// A PodTemplateSpec, reduced.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTemplate {
+    /// The pod spec.
+    #[serde(default)]
+    pub spec: PodSpec,
+}
+
+/// A PodSpec, reduced.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// Containers.
+    #[serde(default)]
+    pub containers: Vec<Container>,
+}
+
+/// A container, reduced.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Container {
+    /// Container name.
+    #[serde(default)]
+    pub name: String,
+    /// Resources (GPU count).
+    #[serde(default)]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl ReplicatedJob {
+    /// The value of a label on the Job template, if set.
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.template
+            .metadata
+            .labels
+            .as_ref()?
+            .get(key)
+            .map(String::as_str)
+    }
+
+    /// The pod template's containers.
+    pub fn containers(&self) -> &[Container] {
+        &self.template.spec.template.spec.containers
+    }
+
+    /// Replicas with the CRD default 1.
+    pub fn replicas(&self) -> i32 {
+        self.replicas.unwrap_or(1)
+    }
+}

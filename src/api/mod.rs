@@ -1,0 +1,21 @@
+//! Typed, read-only views of the Kubeflow Trainer and JobSet objects mpi-webhook reads.
+//!
+//! Only the fields the MPI policy reads are modelled; every other field is ignored on input and
+//! these types are never serialized back into a user's object (patches are computed on the raw
+//! JSON, see [`crate::mpi::enforce`]). Absent fields take the CRD defaults through accessor methods.
+
+pub mod jobset;
+pub mod resources;
+pub mod runtime;
+pub mod trainjob;
+
+pub use jobset::{Container, JobSetSpec, ReplicatedJob};
+pub use runtime::{MlPolicy, MpiPolicySource, RuntimeKind, TrainingRuntime};
+pub use trainjob::{RuntimeRef, TrainJob, Trainer};
+
+/// API group of the Kubeflow Trainer kinds.
+pub const TRAINER_GROUP: &str = "trainer.kubeflow.org";
+/// `apiVersion` of the Kubeflow Trainer kinds.
+pub const TRAINER_API_VERSION: &str = "trainer.kubeflow.org/v1alpha1";
+/// API group of JobSet.
+pub const JOBSET_GROUP: &str = "jobset.x-k8s.io";

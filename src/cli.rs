@@ -1,0 +1,138 @@
+//! Command-line configuration, parsed once (clap derive). Every flag also reads the environment
+//! variable `MPI_WEBHOOK_<FLAG>`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Kubeflow Trainer's MPI plugin as a Kubernetes admission webhook and reconciler.
+#[derive(Debug, Parser)]
+#[command(name = "mpi-webhook", version, about, propagate_version = true)]
+pub struct Cli {
+    /// What to run.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the HTTPS admission webhook server.
+    Serve(ServeArgs),
+    /// Run the reconciler: SSH Secret and hostfile ConfigMap per MPI TrainJob.
+    Reconcile(ReconcileArgs),
+    /// Offline: answer one AdmissionReview as the server would.
+    Review(ReviewArgs),
+    /// Offline: print the Secret and ConfigMap the reconciler would create for each MPI TrainJob.
+    Render(RenderArgs),
+    /// Write a dev CA and a serving certificate and print the base64 caBundle.
+    Certs(CertsArgs),
+}
+
+/// `serve` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address of the HTTPS listener.
+    #[arg(long, env = "MPI_WEBHOOK_LISTEN", default_value = "127.0.0.1:8443")]
+    pub listen: SocketAddr,
+    /// PEM certificate (chain) file; reloaded when it changes. With neither this nor
+    /// --tls-key-file, a dev CA and certificate are created under certs/.
+    #[arg(long, env = "MPI_WEBHOOK_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// PEM private key file; reloaded when it changes.
+    #[arg(long, env = "MPI_WEBHOOK_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// Address of the plain-HTTP Prometheus /metrics listener.
+    #[arg(
+        long,
+        env = "MPI_WEBHOOK_METRICS_LISTEN",
+        default_value = "127.0.0.1:9090"
+    )]
+    pub metrics_listen: SocketAddr,
+    /// Read TrainJobs and runtimes from this directory instead of the cluster.
+    #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
+    pub objects_dir: Option<PathBuf>,
+}
+
+/// `reconcile` flags.
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    /// Only reconcile while holding the coordination.k8s.io Lease.
+    #[arg(long, env = "MPI_WEBHOOK_LEADER_ELECT")]
+    pub leader_elect: bool,
+    /// Address of the plain-HTTP /metrics, /healthz and /readyz listener.
+    #[arg(
+        long,
+        env = "MPI_WEBHOOK_METRICS_LISTEN",
+        default_value = "127.0.0.1:9091"
+    )]
+    pub metrics_listen: SocketAddr,
+    /// Name of the Lease used for leader election.
+    #[arg(
+        long,
+        env = "MPI_WEBHOOK_LEASE_NAME",
+        default_value = "mpi-webhook-reconciler"
+    )]
+    pub lease_name: String,
+    /// Namespace of the Lease (default: the in-cluster namespace, else "default").
+    #[arg(long, env = "MPI_WEBHOOK_LEASE_NAMESPACE")]
+    pub lease_namespace: Option<String>,
+    /// Identity of this replica in the Lease (default: the host name).
+    #[arg(long, env = "MPI_WEBHOOK_LEASE_HOLDER")]
+    pub lease_holder: Option<String>,
+}
+
+/// `review` arguments.
+#[derive(Debug, Clone, Args)]
+pub struct ReviewArgs {
+    /// Which webhook to act as.
+    #[arg(value_enum)]
+    pub verb: ReviewVerb,
+    /// AdmissionReview request file (JSON or YAML); `-` reads standard input.
+    pub file: PathBuf,
+    /// Directory of TrainJob / TrainingRuntime / ClusterTrainingRuntime YAML or JSON files.
+    #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
+    pub objects_dir: PathBuf,
+}
+
+/// `review validate` or `review mutate`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReviewVerb {
+    /// The validating webhook (TrainJob, TrainingRuntime, ClusterTrainingRuntime).
+    Validate,
+    /// The mutating webhook (JobSet).
+    Mutate,
+}
+
+/// `render` flags.
+#[derive(Debug, Clone, Args)]
+pub struct RenderArgs {
+    /// Directory of TrainJob / TrainingRuntime / ClusterTrainingRuntime YAML or JSON files.
+    #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
+    pub objects_dir: PathBuf,
+}
+
+/// `certs` flags.
+#[derive(Debug, Clone, Args)]
+pub struct CertsArgs {
+    /// Directory to write ca.crt, ca.key, tls.crt and tls.key into.
+    #[arg(long, env = "MPI_WEBHOOK_OUT", default_value = "certs")]
+    pub out: PathBuf,
+    /// DNS names of the serving certificate.
+    #[arg(
+        long = "dns",
+        env = "MPI_WEBHOOK_DNS",
+        value_delimiter = ',',
+        default_value = "localhost"
+    )]
+    pub dns: Vec<String>,
+    /// IP addresses of the serving certificate.
+    #[arg(
+        long = "ip",
+        env = "MPI_WEBHOOK_IP",
+        value_delimiter = ',',
+        default_value = "127.0.0.1"
+    )]
+    pub ip: Vec<IpAddr>,
+}

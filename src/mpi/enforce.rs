@@ -1,0 +1,286 @@
+//! The JobSet mutation (spec section C, interface.md "The JobSet mutation"): RFC 6902 operations
+//! on the raw JobSet JSON at the paths the MPI policy owns, and nowhere else.
+//!
+//! The user's object is never round-tripped through typed structs: every operation is computed
+//! against the raw JSON, so fields this crate does not model survive. Lists are upserted (volumes
+//! and env by `name`, mounts by `mountPath`): an equal entry yields no operation, a different one
+//! is replaced in place, a missing one is appended. Applying the patch and mutating again yields
+//! no operations.
+
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
+use serde_json::{Value, json};
+
+use super::plan::MpiPlan;
+use super::{
+    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_VOLUME, LAUNCHER, NODE,
+    SSH_AUTH_DEFAULT_MODE, SSH_AUTH_VOLUME, SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY,
+    SSH_PRIVATE_KEY_FILE, SSH_PRIVATE_KEY_FILE_MODE, SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_FILE,
+    SSH_PUBLIC_KEY_FILE_MODE, hostfile_configmap_name, ssh_secret_name,
+};
+
+/// The JobSet has a value of the wrong JSON type where the policy must write.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: Invalid value: {found}: must be {expected}")]
+pub struct MutationError {
+    /// Dotted field path, e.g. `spec.replicatedJobs[1].template.spec.template.spec.volumes`.
+    pub field: String,
+    /// `"string"`, `"number"`, ... as Go names JSON types.
+    pub found: &'static str,
+    /// `an object` or `an array`.
+    pub expected: &'static str,
+}
+
+/// A path into the JobSet: JSON pointer tokens.
+type Path = Vec<String>;
+
+fn path(tokens: &[&str]) -> Path {
+    tokens.iter().map(|t| (*t).to_string()).collect()
+}
+
+fn child(base: &Path, tokens: &[&str]) -> Path {
+    base.iter()
+        .cloned()
+        .chain(tokens.iter().map(|t| (*t).to_string()))
+        .collect()
+}
+
+fn dotted(path: &[String]) -> String {
+    let mut out = String::new();
+    for token in path {
+        if token.parse::<usize>().is_ok() {
+            out.push_str(&format!("[{token}]"));
+        } else {
+            if !out.is_empty() {
+                out.push('.');
+            }
+            out.push_str(token);
+        }
+    }
+    out
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "\"null\"",
+        Value::Bool(_) => "\"boolean\"",
+        Value::Number(_) => "\"number\"",
+        Value::String(_) => "\"string\"",
+        Value::Array(_) => "\"array\"",
+        Value::Object(_) => "\"object\"",
+    }
+}
+
+/// Builds operations while keeping a working copy they have been applied to, so later operations
+/// see the effect of earlier ones (indices after an append, parents created).
+struct Patcher {
+    doc: Value,
+    ops: Vec<PatchOperation>,
+}
+
+impl Patcher {
+    fn get(&self, path: &[String]) -> Option<&Value> {
+        path.iter().try_fold(&self.doc, |value, token| match value {
+            Value::Object(map) => map.get(token),
+            Value::Array(items) => items.get(token.parse::<usize>().ok()?),
+            _ => None,
+        })
+    }
+
+    fn emit(&mut self, op: PatchOperation) {
+        // Every operation targets a location checked just before, so it applies; if it did not,
+        // the working copy would only be stale for later operations of this same pass.
+        let _ = json_patch::patch(&mut self.doc, std::slice::from_ref(&op));
+        self.ops.push(op);
+    }
+
+    fn pointer(path: &[String]) -> PointerBuf {
+        PointerBuf::from_tokens(path.iter().map(String::as_str))
+    }
+
+    /// Sets `path` to `value`, creating missing parent objects; no operation when equal.
+    fn set(&mut self, path: &[String], value: Value) -> Result<(), MutationError> {
+        for depth in 0..path.len() {
+            let parent = &path[..depth];
+            match self.get(parent) {
+                Some(Value::Object(map)) => {
+                    if map.get(&path[depth]).is_none_or(Value::is_null) {
+                        let nested = path[depth + 1..]
+                            .iter()
+                            .rev()
+                            .fold(value, |inner, token| json!({ token: inner }));
+                        self.emit(PatchOperation::Add(AddOperation {
+                            path: Self::pointer(&path[..=depth]),
+                            value: nested,
+                        }));
+                        return Ok(());
+                    }
+                }
+                Some(Value::Array(_)) => {}
+                other => return Err(wrong_type(parent, other, "an object")),
+            }
+        }
+        if self.get(path) != Some(&value) {
+            self.emit(PatchOperation::Replace(ReplaceOperation {
+                path: Self::pointer(path),
+                value,
+            }));
+        }
+        Ok(())
+    }
+
+    /// Upserts `item` into the list at `path`, matching entries on `key`.
+    fn upsert(&mut self, path: &[String], key: &str, item: Value) -> Result<(), MutationError> {
+        let list = match self.get(path) {
+            None | Some(Value::Null) => return self.set(path, Value::Array(vec![item])),
+            Some(Value::Array(list)) => list,
+            other => return Err(wrong_type(path, other, "an array")),
+        };
+        match list
+            .iter()
+            .position(|entry| entry.get(key) == item.get(key))
+        {
+            Some(i) if list[i] == item => {}
+            Some(i) => {
+                let at = child(&path.to_vec(), &[&i.to_string()]);
+                self.emit(PatchOperation::Replace(ReplaceOperation {
+                    path: Self::pointer(&at),
+                    value: item,
+                }));
+            }
+            None => {
+                let at = child(&path.to_vec(), &["-"]);
+                self.emit(PatchOperation::Add(AddOperation {
+                    path: Self::pointer(&at),
+                    value: item,
+                }));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn wrong_type(path: &[String], found: Option<&Value>, expected: &'static str) -> MutationError {
+    MutationError {
+        field: dotted(path),
+        found: found.map_or("\"null\"", json_type),
+        expected,
+    }
+}
+
+/// The `mpi-ssh-auth` Secret volume (C.3).
+pub fn ssh_auth_volume(train_job: &str) -> Value {
+    json!({
+        "name": SSH_AUTH_VOLUME,
+        "secret": {
+            "secretName": ssh_secret_name(train_job),
+            "defaultMode": SSH_AUTH_DEFAULT_MODE,
+            "items": [
+                {"key": SSH_PRIVATE_KEY, "path": SSH_PRIVATE_KEY_FILE, "mode": SSH_PRIVATE_KEY_FILE_MODE},
+                {"key": SSH_PUBLIC_KEY, "path": SSH_PUBLIC_KEY_FILE, "mode": SSH_PUBLIC_KEY_FILE_MODE},
+                {"key": SSH_PUBLIC_KEY, "path": SSH_AUTHORIZED_KEYS_FILE, "mode": SSH_PUBLIC_KEY_FILE_MODE},
+            ],
+        },
+    })
+}
+
+/// The launcher's `mpi-hostfile` ConfigMap volume (C.3).
+pub fn hostfile_volume(train_job: &str) -> Value {
+    json!({
+        "name": HOSTFILE_VOLUME,
+        "configMap": {
+            "name": hostfile_configmap_name(train_job),
+            "items": [{"key": HOSTFILE_NAME, "path": HOSTFILE_NAME, "mode": HOSTFILE_MODE}],
+        },
+    })
+}
+
+/// The RFC 6902 operations that give `jobset` (raw JSON) the MPI wiring of `plan`. Empty when
+/// the JobSet already has it.
+///
+/// # Errors
+/// [`MutationError`] when a location the policy writes holds a value of the wrong JSON type.
+pub fn enforce_mpi_policy(
+    plan: &MpiPlan,
+    jobset: &Value,
+) -> Result<Vec<PatchOperation>, MutationError> {
+    let mut patcher = Patcher {
+        doc: jobset.clone(),
+        ops: Vec::new(),
+    };
+    let rjobs = match jobset.pointer("/spec/replicatedJobs") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(rjobs)) => rjobs,
+        other => {
+            return Err(wrong_type(
+                &path(&["spec", "replicatedJobs"]),
+                other,
+                "an array",
+            ));
+        }
+    };
+    for (i, rjob) in rjobs.iter().enumerate() {
+        let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
+        if name != LAUNCHER && name != NODE {
+            continue;
+        }
+        let rjob_path = path(&["spec", "replicatedJobs", &i.to_string()]);
+        enforce_replicated_job(&mut patcher, plan, &rjob_path, name == LAUNCHER)?;
+    }
+    Ok(patcher.ops)
+}
+
+fn enforce_replicated_job(
+    patcher: &mut Patcher,
+    plan: &MpiPlan,
+    rjob_path: &Path,
+    is_launcher: bool,
+) -> Result<(), MutationError> {
+    // C.1: the worker count, only when the TrainJob sets numNodes.
+    if let (false, Some(count)) = (is_launcher, plan.node_count) {
+        patcher.set(
+            &child(rjob_path, &["template", "spec", "parallelism"]),
+            json!(count),
+        )?;
+        patcher.set(
+            &child(rjob_path, &["template", "spec", "completions"]),
+            json!(count),
+        )?;
+    }
+    // C.3: volumes, by name.
+    let pod_spec = child(rjob_path, &["template", "spec", "template", "spec"]);
+    let volumes = child(&pod_spec, &["volumes"]);
+    patcher.upsert(&volumes, "name", ssh_auth_volume(&plan.train_job))?;
+    if is_launcher {
+        patcher.upsert(&volumes, "name", hostfile_volume(&plan.train_job))?;
+    }
+    // C.4 and C.5: mounts by mountPath and env by name, on containers named `node` only.
+    let containers = child(&pod_spec, &["containers"]);
+    let count = match patcher.get(&containers) {
+        None | Some(Value::Null) => 0,
+        Some(Value::Array(list)) => list.len(),
+        other => return Err(wrong_type(&containers, other, "an array")),
+    };
+    for c in 0..count {
+        let container = child(&containers, &[&c.to_string()]);
+        if patcher
+            .get(&child(&container, &["name"]))
+            .and_then(Value::as_str)
+            != Some(NODE)
+        {
+            continue;
+        }
+        let mounts = child(&container, &["volumeMounts"]);
+        let ssh_mount = json!({"name": SSH_AUTH_VOLUME, "mountPath": plan.ssh_auth_mount_path});
+        patcher.upsert(&mounts, "mountPath", ssh_mount)?;
+        if is_launcher {
+            let hostfile_mount = json!({"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR});
+            patcher.upsert(&mounts, "mountPath", hostfile_mount)?;
+            let env = child(&container, &["env"]);
+            for (name, value) in plan.implementation.env_pairs(plan.slots) {
+                patcher.upsert(&env, "name", json!({"name": name, "value": value}))?;
+            }
+        }
+    }
+    Ok(())
+}

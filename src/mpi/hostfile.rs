@@ -1,0 +1,229 @@
+//! Endpoints (spec D.3), the hostfile text (D.2 + Decision 5) and the hostfile ConfigMap.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::api::TrainJob;
+
+use super::plan::{MpiPlan, PodSet};
+use super::{
+    HOSTFILE_MAX_BYTES, HOSTFILE_NAME, MANAGED_BY_LABEL, MANAGER, hostfile_configmap_name,
+    owner_reference,
+};
+
+/// The hostfile would not fit a ConfigMap (Decision 8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the MPI hostfile would be {size} bytes, over the {HOSTFILE_MAX_BYTES}-byte limit of a ConfigMap"
+)]
+pub struct HostfileTooLarge {
+    /// Size the hostfile would have.
+    pub size: u128,
+}
+
+/// Size in bytes of the hostfile of `plan`, computed without building it, so that a huge
+/// numNodes is rejected before anything is allocated.
+pub fn hostfile_len(plan: &MpiPlan) -> u128 {
+    let slots_len = plan.implementation.slots_separator.len() + plan.slots.to_string().len();
+    plan.pod_sets
+        .iter()
+        .filter(|p| plan.lists_in_hostfile(p))
+        .map(|p| {
+            // "<tj>-<R>-<r>-<p>.<subdomain><sep><N>\n"
+            let fixed = plan.train_job.len()
+                + 1
+                + p.name.len()
+                + 1
+                + 1
+                + 1
+                + plan.subdomain.len()
+                + slots_len
+                + 1;
+            let (replicas, count) = (as_u128(p.replicas), as_u128(p.count));
+            replicas * count * fixed as u128
+                + count * digit_sum(replicas)
+                + replicas * digit_sum(count)
+        })
+        .sum()
+}
+
+/// Checks that the hostfile of `plan` fits a ConfigMap.
+///
+/// # Errors
+/// [`HostfileTooLarge`] with the size it would have.
+pub fn check_hostfile_size(plan: &MpiPlan) -> Result<(), HostfileTooLarge> {
+    let size = hostfile_len(plan);
+    if size > u128::from(HOSTFILE_MAX_BYTES) {
+        return Err(HostfileTooLarge { size });
+    }
+    Ok(())
+}
+
+fn as_u128(n: i64) -> u128 {
+    u128::try_from(n.max(0)).unwrap_or(0)
+}
+
+/// Total number of decimal digits of 0, 1, ..., n-1.
+fn digit_sum(n: u128) -> u128 {
+    let mut total = 0;
+    let (mut low, mut digits) = (0u128, 1u128);
+    while low < n {
+        let high = if low == 0 { 10 } else { low * 10 };
+        total += (n.min(high) - low) * digits;
+        low = high;
+        digits += 1;
+    }
+    total
+}
+
+/// The endpoints of one pod set: `<trainjob>-<replicatedJob>-<r>-<p>.<subdomain>`.
+pub fn endpoints<'a>(plan: &'a MpiPlan, pod_set: &'a PodSet) -> impl Iterator<Item = String> + 'a {
+    (0..pod_set.replicas).flat_map(move |r| {
+        (0..pod_set.count).map(move |p| {
+            format!(
+                "{}-{}-{r}-{p}.{}",
+                plan.train_job, pod_set.name, plan.subdomain
+            )
+        })
+    })
+}
+
+/// The hostfile text: one line per listed endpoint, in pod-set order, each ending in `\n`.
+///
+/// # Errors
+/// [`HostfileTooLarge`] when it would not fit a ConfigMap; nothing is allocated then.
+pub fn hostfile(plan: &MpiPlan) -> Result<String, HostfileTooLarge> {
+    check_hostfile_size(plan)?;
+    let capacity = usize::try_from(hostfile_len(plan)).unwrap_or(0);
+    let mut text = String::with_capacity(capacity);
+    let (separator, slots) = (plan.implementation.slots_separator, plan.slots);
+    for pod_set in plan.pod_sets.iter().filter(|p| plan.lists_in_hostfile(p)) {
+        for (r, p) in (0..pod_set.replicas).flat_map(|r| (0..pod_set.count).map(move |p| (r, p))) {
+            // Writing into a String cannot fail.
+            let _ = writeln!(
+                text,
+                "{}-{}-{r}-{p}.{}{separator}{slots}",
+                plan.train_job, pod_set.name, plan.subdomain
+            );
+        }
+    }
+    Ok(text)
+}
+
+/// The hostfile ConfigMap `<trainjob>-mpi-hostfile`, owned by the TrainJob.
+///
+/// # Errors
+/// [`HostfileTooLarge`] when the hostfile would not fit.
+pub fn hostfile_configmap(
+    train_job: &TrainJob,
+    plan: &MpiPlan,
+) -> Result<ConfigMap, HostfileTooLarge> {
+    Ok(ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(hostfile_configmap_name(train_job.name())),
+            namespace: Some(train_job.namespace().to_string()),
+            labels: Some(BTreeMap::from([(
+                MANAGED_BY_LABEL.to_string(),
+                MANAGER.to_string(),
+            )])),
+            owner_references: Some(vec![owner_reference(train_job)]),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            HOSTFILE_NAME.to_string(),
+            hostfile(plan)?,
+        )])),
+        ..ConfigMap::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mpi::implementation;
+
+    fn plan(
+        pod_sets: Vec<(&str, i64, i64)>,
+        launcher_as_node: bool,
+        slots: i64,
+        implementation: &str,
+    ) -> MpiPlan {
+        MpiPlan {
+            implementation: implementation::lookup(implementation).expect("known"),
+            slots,
+            ssh_auth_mount_path: "/root/.ssh".into(),
+            run_launcher_as_node: launcher_as_node,
+            node_count: None,
+            pod_sets: pod_sets
+                .into_iter()
+                .map(|(name, replicas, count)| PodSet {
+                    name: name.into(),
+                    replicas,
+                    count,
+                })
+                .collect(),
+            subdomain: "pi".into(),
+            train_job: "pi".into(),
+        }
+    }
+
+    #[test]
+    fn open_mpi_lists_workers_then_launcher_in_template_order() {
+        let p = plan(vec![("node", 1, 2), ("launcher", 1, 1)], true, 1, "OpenMPI");
+        assert_eq!(
+            hostfile(&p).expect("fits"),
+            "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\npi-launcher-0-0.pi slots=1\n"
+        );
+    }
+
+    #[test]
+    fn hydra_format_and_launcher_left_out() {
+        let p = plan(
+            vec![("launcher", 1, 1), ("node", 2, 1), ("initializer", 1, 1)],
+            false,
+            4,
+            "MPICH",
+        );
+        assert_eq!(
+            hostfile(&p).expect("fits"),
+            "pi-node-0-0.pi:4\npi-node-1-0.pi:4\n"
+        );
+    }
+
+    #[test]
+    fn no_endpoints_is_empty_text() {
+        let p = plan(vec![("node", 1, 0)], false, 1, "Intel");
+        assert_eq!(hostfile(&p).expect("fits"), "");
+    }
+
+    #[test]
+    fn length_formula_matches_rendering() {
+        for (replicas, count) in [(1, 1), (1, 9), (1, 10), (3, 11), (12, 101), (2, 1000)] {
+            let p = plan(
+                vec![("node", replicas, count), ("launcher", 1, 1)],
+                true,
+                16,
+                "OpenMPI",
+            );
+            assert_eq!(
+                hostfile_len(&p),
+                hostfile(&p).expect("fits").len() as u128,
+                "{replicas}x{count}"
+            );
+        }
+    }
+
+    #[test]
+    fn huge_counts_are_refused_without_allocating() {
+        let p = plan(vec![("node", 1, i64::from(i32::MAX))], false, 1, "OpenMPI");
+        let err = hostfile(&p).expect_err("too large");
+        assert!(err.size > u128::from(HOSTFILE_MAX_BYTES));
+        assert!(
+            err.to_string()
+                .ends_with("over the 1048576-byte limit of a ConfigMap")
+        );
+    }
+}

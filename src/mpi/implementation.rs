@@ -1,0 +1,177 @@
+//! The supported MPI implementations as one table of data (spec Decision 5). Adding an
+//! implementation means adding a row here; no other file matches on implementation names.
+
+/// How an env var's value is produced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EnvValue {
+    /// A fixed string.
+    Fixed(&'static str),
+    /// The effective slots per node (numProcPerNode) as a decimal number.
+    Slots,
+}
+
+/// One env var the implementation injects into the launcher's `node` container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LauncherEnv {
+    /// Variable name; also a reserved name TrainJobs may not set.
+    pub name: &'static str,
+    /// Its value.
+    pub value: EnvValue,
+}
+
+/// An MPI implementation: hostfile syntax and launcher env.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Implementation {
+    /// The `mpiImplementation` value selecting it.
+    pub name: &'static str,
+    /// What stands between host and slot count in a hostfile line
+    /// (`host slots=N` for Open MPI, `host:N` for Hydra).
+    pub slots_separator: &'static str,
+    /// Launcher env vars in injection order.
+    pub launcher_env: &'static [LauncherEnv],
+}
+
+const CONNECTION_ATTEMPTS: &str = "-o ConnectionAttempts=10";
+
+const fn fixed(name: &'static str, value: &'static str) -> LauncherEnv {
+    LauncherEnv {
+        name,
+        value: EnvValue::Fixed(value),
+    }
+}
+
+const fn slots(name: &'static str) -> LauncherEnv {
+    LauncherEnv {
+        name,
+        value: EnvValue::Slots,
+    }
+}
+
+/// Every supported implementation, in the order error messages list them.
+pub const IMPLEMENTATIONS: &[Implementation] = &[
+    Implementation {
+        name: "OpenMPI",
+        slots_separator: " slots=",
+        launcher_env: &[
+            // Open MPI 4 (ORTE), exactly upstream's four.
+            fixed("OMPI_MCA_orte_default_hostfile", super::HOSTFILE_PATH),
+            fixed("OMPI_MCA_orte_keep_fqdn_hostnames", "true"),
+            slots("OMPI_MCA_orte_set_default_slots"),
+            fixed("OMPI_MCA_plm_rsh_args", CONNECTION_ATTEMPTS),
+            // Open MPI 5 replaced ORTE by PRTE and ignores the names above (trainer #4028).
+            fixed("PRTE_MCA_prte_default_hostfile", super::HOSTFILE_PATH),
+            // false on purpose: with short host names PRTE would otherwise treat the launcher as
+            // a remote host and SSH to itself (trainer PR #4029).
+            fixed("PRTE_MCA_prte_keep_fqdn_hostnames", "false"),
+            slots("PRTE_MCA_prte_set_default_slots"),
+            fixed("PRTE_MCA_plm_ssh_args", CONNECTION_ATTEMPTS),
+        ],
+    },
+    Implementation {
+        name: "Intel",
+        slots_separator: ":",
+        launcher_env: &[
+            fixed("I_MPI_HYDRA_HOST_FILE", super::HOSTFILE_PATH),
+            fixed("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", CONNECTION_ATTEMPTS),
+            slots("I_MPI_PERHOST"),
+        ],
+    },
+    Implementation {
+        name: "MPICH",
+        slots_separator: ":",
+        launcher_env: &[
+            fixed("HYDRA_HOST_FILE", super::HOSTFILE_PATH),
+            fixed("HYDRA_LAUNCHER_EXTRA_ARGS", CONNECTION_ATTEMPTS),
+        ],
+    },
+];
+
+/// The implementation named `name` (exact, case-sensitive match, as the CRD enum).
+pub fn lookup(name: &str) -> Option<&'static Implementation> {
+    IMPLEMENTATIONS.iter().find(|i| i.name == name)
+}
+
+/// The supported names, for error messages.
+pub fn supported_names() -> Vec<&'static str> {
+    IMPLEMENTATIONS.iter().map(|i| i.name).collect()
+}
+
+impl Implementation {
+    /// Whether a TrainJob may not set env var `name` (Decision 6).
+    pub fn reserves(&self, name: &str) -> bool {
+        self.launcher_env.iter().any(|e| e.name == name)
+    }
+
+    /// The launcher env as `(name, value)` pairs for the given slots.
+    pub fn env_pairs(&self, slots: i64) -> impl Iterator<Item = (&'static str, String)> + '_ {
+        self.launcher_env.iter().map(move |e| {
+            let value = match e.value {
+                EnvValue::Fixed(v) => v.to_string(),
+                EnvValue::Slots => slots.to_string(),
+            };
+            (e.name, value)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_looked_up_exactly() {
+        assert_eq!(supported_names(), ["OpenMPI", "Intel", "MPICH"]);
+        assert!(lookup("OpenMPI").is_some());
+        assert!(lookup("openmpi").is_none());
+        assert!(lookup("").is_none());
+    }
+
+    #[test]
+    fn open_mpi_env_is_orte_then_prte() {
+        let open_mpi = lookup("OpenMPI").expect("OpenMPI");
+        let env: Vec<_> = open_mpi.env_pairs(4).collect();
+        assert_eq!(
+            env,
+            [
+                (
+                    "OMPI_MCA_orte_default_hostfile",
+                    "/etc/mpi/hostfile".to_string()
+                ),
+                ("OMPI_MCA_orte_keep_fqdn_hostnames", "true".to_string()),
+                ("OMPI_MCA_orte_set_default_slots", "4".to_string()),
+                (
+                    "OMPI_MCA_plm_rsh_args",
+                    "-o ConnectionAttempts=10".to_string()
+                ),
+                (
+                    "PRTE_MCA_prte_default_hostfile",
+                    "/etc/mpi/hostfile".to_string()
+                ),
+                ("PRTE_MCA_prte_keep_fqdn_hostnames", "false".to_string()),
+                ("PRTE_MCA_prte_set_default_slots", "4".to_string()),
+                (
+                    "PRTE_MCA_plm_ssh_args",
+                    "-o ConnectionAttempts=10".to_string()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn reserved_names_follow_the_implementation() {
+        let intel = lookup("Intel").expect("Intel");
+        assert!(intel.reserves("I_MPI_PERHOST"));
+        assert!(!intel.reserves("OMPI_MCA_orte_default_hostfile"));
+        let mpich = lookup("MPICH").expect("MPICH");
+        assert_eq!(
+            mpich.env_pairs(2).collect::<Vec<_>>(),
+            [
+                ("HYDRA_HOST_FILE", "/etc/mpi/hostfile".to_string()),
+                (
+                    "HYDRA_LAUNCHER_EXTRA_ARGS",
+                    "-o ConnectionAttempts=10".to_string()
+                ),
+            ]
+        );
+    }
+}

@@ -1,0 +1,97 @@
+//! The MPI policy: Kubeflow Trainer's MPI plugin (`pkg/runtime/framework/plugins/mpi/mpi.go`) as
+//! pure functions over plain data, cut into the steps it performs.
+//!
+//! - [`plan`]: resolve the effective policy of a TrainJob on its runtime (node count, slots, pod
+//!   sets, implementation). The webhook's patch and the reconciler's hostfile both start here, so
+//!   they always agree.
+//! - [`validate`]: TrainJob and runtime admission rules (spec section B and the Decisions).
+//! - [`enforce`]: the JobSet mutation as RFC 6902 operations on the raw JobSet (section C).
+//! - [`hostfile`]: endpoints and the hostfile ConfigMap (section D.2, D.3).
+//! - [`ssh_secret`]: the SSH key pair (the only randomness) and the Secret (section D.1).
+//! - [`implementation`]: Open MPI, Intel MPI and MPICH as one table of data (Decision 5).
+//!
+//! Nothing here performs I/O or reads a clock.
+
+pub mod enforce;
+pub mod hostfile;
+pub mod implementation;
+pub mod plan;
+pub mod ssh_secret;
+pub mod validate;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+use crate::api::{TRAINER_API_VERSION, TrainJob};
+
+/// Name of the launcher replicatedJob / PodSet.
+pub const LAUNCHER: &str = "launcher";
+/// Name of the worker replicatedJob / PodSet, and of the container the policy touches in both.
+pub const NODE: &str = "node";
+/// Label on a replicatedJob template naming the TrainJob step it runs.
+pub const ANCESTOR_LABEL: &str = "trainer.kubeflow.org/trainjob-ancestor-step";
+/// Value of [`ANCESTOR_LABEL`] for the trainer step.
+pub const ANCESTOR_TRAINER: &str = "trainer";
+/// Label every object the reconciler creates carries, so it can watch only its own (Decision 13).
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`]; also the server-side-apply field manager.
+pub const MANAGER: &str = "mpi-webhook";
+
+/// Volume name of the SSH auth Secret.
+pub const SSH_AUTH_VOLUME: &str = "mpi-ssh-auth";
+/// Suffix of the Secret name: `<trainjob>-mpi-ssh-auth`.
+pub const SSH_AUTH_SECRET_SUFFIX: &str = "-mpi-ssh-auth";
+/// Secret key of the private key (`corev1.SSHAuthPrivateKey`).
+pub const SSH_PRIVATE_KEY: &str = "ssh-privatekey";
+/// Secret key of the public key.
+pub const SSH_PUBLIC_KEY: &str = "ssh-publickey";
+/// File the private key is projected to; `id_rsa` although the key is ECDSA (kept quirk, Decision 15).
+pub const SSH_PRIVATE_KEY_FILE: &str = "id_rsa";
+/// File the public key is projected to.
+pub const SSH_PUBLIC_KEY_FILE: &str = "id_rsa.pub";
+/// Second projection of the public key, so every pod accepts every other pod.
+pub const SSH_AUTHORIZED_KEYS_FILE: &str = "authorized_keys";
+/// `defaultMode` of the Secret volume: 0o400.
+pub const SSH_AUTH_DEFAULT_MODE: i32 = 0o400;
+/// Mode of the private key file: 0o640.
+pub const SSH_PRIVATE_KEY_FILE_MODE: i32 = 0o640;
+/// Mode of the public key files: 0o644.
+pub const SSH_PUBLIC_KEY_FILE_MODE: i32 = 0o644;
+/// Secret type of the SSH auth Secret.
+pub const SSH_AUTH_SECRET_TYPE: &str = "kubernetes.io/ssh-auth";
+
+/// Volume name of the hostfile ConfigMap.
+pub const HOSTFILE_VOLUME: &str = "mpi-hostfile";
+/// Suffix of the ConfigMap name: `<trainjob>-mpi-hostfile`.
+pub const HOSTFILE_CONFIGMAP_SUFFIX: &str = "-mpi-hostfile";
+/// Directory the hostfile is mounted at.
+pub const HOSTFILE_DIR: &str = "/etc/mpi";
+/// ConfigMap key, item key and file name of the hostfile.
+pub const HOSTFILE_NAME: &str = "hostfile";
+/// Full path of the hostfile in the launcher.
+pub const HOSTFILE_PATH: &str = "/etc/mpi/hostfile";
+/// Mode of the hostfile item: 0o444.
+pub const HOSTFILE_MODE: i32 = 0o444;
+/// Largest hostfile that fits a ConfigMap (1 MiB of data, `api.MaxSecretSize`).
+pub const HOSTFILE_MAX_BYTES: u64 = 1024 * 1024;
+
+/// `<trainjob>-mpi-ssh-auth`.
+pub fn ssh_secret_name(train_job: &str) -> String {
+    format!("{train_job}{SSH_AUTH_SECRET_SUFFIX}")
+}
+
+/// `<trainjob>-mpi-hostfile`.
+pub fn hostfile_configmap_name(train_job: &str) -> String {
+    format!("{train_job}{HOSTFILE_CONFIGMAP_SUFFIX}")
+}
+
+/// The controller owner reference every object derived from a TrainJob carries.
+pub fn owner_reference(train_job: &TrainJob) -> OwnerReference {
+    OwnerReference {
+        api_version: TRAINER_API_VERSION.to_string(),
+        kind: "TrainJob".to_string(),
+        name: train_job.name().to_string(),
+        uid: train_job.uid().to_string(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}

@@ -1,0 +1,312 @@
+//! The effective MPI policy of one TrainJob on its runtime (spec sections A.4, C.1, C.2, D.3):
+//! pod sets with their counts, slots per node and the implementation. Both the JobSet patch and
+//! the hostfile are derived from an [`MpiPlan`], so they agree on every count and name.
+
+use crate::api::resources::ResourceRequirements;
+use crate::api::{MpiPolicySource, ReplicatedJob, TrainJob, TrainingRuntime};
+
+use super::implementation::{self, Implementation};
+use super::{ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE};
+
+/// Why no plan can be made for an MPI runtime.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    /// `mpiImplementation` is not in the implementation table (Decisions 4 and 7).
+    #[error("unsupported mpiImplementation {0:?}")]
+    UnsupportedImplementation(String),
+}
+
+/// One replicated job of the runtime, with the counts the TrainJob gives it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodSet {
+    /// replicatedJob name.
+    pub name: String,
+    /// Job replicas (`r` in the endpoint names).
+    pub replicas: i64,
+    /// Pods per Job (`p` in the endpoint names).
+    pub count: i64,
+}
+
+/// The effective MPI policy of one TrainJob.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MpiPlan {
+    /// The implementation row.
+    pub implementation: &'static Implementation,
+    /// Processes per node (hostfile slots and the slots env vars).
+    pub slots: i64,
+    /// Where the SSH Secret is mounted.
+    pub ssh_auth_mount_path: String,
+    /// Whether the launcher is also listed in the hostfile.
+    pub run_launcher_as_node: bool,
+    /// The `node` replicatedJob's parallelism/completions, when the TrainJob sets numNodes.
+    pub node_count: Option<i64>,
+    /// The runtime's replicated jobs in template order, with effective counts.
+    pub pod_sets: Vec<PodSet>,
+    /// Host name suffix: the JobSet subdomain, by default the TrainJob name.
+    pub subdomain: String,
+    /// The TrainJob's name (JobSet name, host name prefix).
+    pub train_job: String,
+}
+
+impl MpiPlan {
+    /// The plan for `train_job` on `runtime`; `Ok(None)` when the runtime has no MPI policy.
+    ///
+    /// # Errors
+    /// [`PlanError::UnsupportedImplementation`] when the runtime names no known implementation.
+    pub fn new(train_job: &TrainJob, runtime: &TrainingRuntime) -> Result<Option<Self>, PlanError> {
+        let Some(mpi) = runtime.mpi() else {
+            return Ok(None);
+        };
+        let implementation = implementation::lookup(mpi.mpi_implementation()).ok_or_else(|| {
+            PlanError::UnsupportedImplementation(mpi.mpi_implementation().to_string())
+        })?;
+        let trainer = train_job.spec.trainer.as_ref();
+        let num_nodes = trainer.and_then(|t| t.num_nodes).map(i64::from);
+        let run_launcher_as_node = mpi.run_launcher_as_node();
+        let template = &runtime.spec.template.spec;
+        let mut pod_sets: Vec<PodSet> = template
+            .replicated_jobs
+            .iter()
+            .map(|rjob| initial_pod_set(rjob, runtime))
+            .collect();
+        // C.1: only when the TrainJob sets numNodes and a `node` PodSet exists.
+        let node_count = match (num_nodes, pod_sets.iter_mut().find(|p| p.name == NODE)) {
+            (Some(n), Some(node)) => {
+                node.count = if run_launcher_as_node {
+                    (n - 1).max(1)
+                } else {
+                    n
+                };
+                Some(node.count)
+            }
+            _ => None,
+        };
+        Ok(Some(Self {
+            implementation,
+            slots: slots(train_job, mpi, &template.replicated_jobs),
+            ssh_auth_mount_path: mpi.ssh_auth_mount_path().to_string(),
+            run_launcher_as_node,
+            node_count,
+            pod_sets,
+            subdomain: template
+                .network
+                .as_ref()
+                .and_then(|n| n.subdomain.clone())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| train_job.name().to_string()),
+            train_job: train_job.name().to_string(),
+        }))
+    }
+
+    /// Whether the hostfile lists the pods of this pod set.
+    pub fn lists_in_hostfile(&self, pod_set: &PodSet) -> bool {
+        pod_set.name == NODE || (pod_set.name == LAUNCHER && self.run_launcher_as_node)
+    }
+}
+
+fn is_trainer(rjob: &ReplicatedJob) -> bool {
+    rjob.label(ANCESTOR_LABEL) == Some(ANCESTOR_TRAINER)
+}
+
+/// A.4: count = parallelism (default 1), or mlPolicy.numNodes for the trainer-labelled job;
+/// floored at 1. The trainer-labelled job runs with exactly one replica (JobSet plugin).
+fn initial_pod_set(rjob: &ReplicatedJob, runtime: &TrainingRuntime) -> PodSet {
+    let ml_policy_nodes = runtime
+        .spec
+        .ml_policy
+        .as_ref()
+        .map(|p| p.num_nodes.unwrap_or(1));
+    let count = match ml_policy_nodes {
+        Some(n) if is_trainer(rjob) => n,
+        _ => rjob.template.spec.parallelism.unwrap_or(1),
+    };
+    PodSet {
+        name: rjob.name.clone(),
+        replicas: if is_trainer(rjob) {
+            1
+        } else {
+            i64::from(rjob.replicas().max(0))
+        },
+        count: i64::from(count.max(1)),
+    }
+}
+
+/// C.2: the TrainJob's numProcPerNode; else, when the runtime says 1, the GPU count per node
+/// (when above 1); else the runtime's value.
+fn slots(train_job: &TrainJob, mpi: &MpiPolicySource, rjobs: &[ReplicatedJob]) -> i64 {
+    let trainer = train_job.spec.trainer.as_ref();
+    if let Some(n) = trainer.and_then(|t| t.num_proc_per_node) {
+        return i64::from(n);
+    }
+    let runtime_value = i64::from(mpi.num_proc_per_node());
+    if runtime_value != 1 {
+        return runtime_value;
+    }
+    let resources = trainer
+        .and_then(|t| t.resources_per_node.as_ref())
+        .or_else(|| runtime_node_resources(rjobs));
+    match resources.map(gpus_per_node) {
+        Some(gpus) if gpus > 1 => gpus,
+        _ => 1,
+    }
+}
+
+/// The first replicatedJob named `node` or labelled trainer whose `node` container has resources.
+fn runtime_node_resources(rjobs: &[ReplicatedJob]) -> Option<&ResourceRequirements> {
+    rjobs
+        .iter()
+        .filter(|r| r.name == NODE || is_trainer(r))
+        .find_map(|r| {
+            r.containers()
+                .iter()
+                .find(|c| c.name == NODE)
+                .and_then(|c| c.resources.as_ref())
+        })
+}
+
+/// Decision 3: names in sorted order, the first containing `gpu` (case-insensitive) counts;
+/// requests first, limits when the request gives 0; quantities rounded up.
+pub fn gpus_per_node(resources: &ResourceRequirements) -> i64 {
+    let first_gpu = |list: &Option<std::collections::BTreeMap<String, _>>| -> i64 {
+        list.iter()
+            .flatten()
+            .find(|(name, _)| name.to_lowercase().contains("gpu"))
+            .and_then(|(_, q): (_, &crate::api::resources::Quantity)| q.ceil_value())
+            .unwrap_or(0)
+    };
+    match first_gpu(&resources.requests) {
+        0 => first_gpu(&resources.limits),
+        n => n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn runtime(value: serde_json::Value) -> TrainingRuntime {
+        serde_json::from_value(value).expect("runtime parses")
+    }
+
+    fn train_job(trainer: serde_json::Value) -> TrainJob {
+        serde_json::from_value(json!({
+            "metadata": {"name": "pi", "namespace": "default", "uid": "u1"},
+            "spec": {"runtimeRef": {"name": "rt"}, "trainer": trainer}
+        }))
+        .expect("trainjob parses")
+    }
+
+    fn deepspeed_like(mpi: serde_json::Value) -> TrainingRuntime {
+        runtime(json!({
+            "metadata": {"name": "rt"},
+            "spec": {
+                "mlPolicy": {"numNodes": 1, "mpi": mpi},
+                "template": {"spec": {"replicatedJobs": [
+                    {"name": "node", "template": {"spec": {"template": {"spec": {"containers": [{"name": "node"}]}}}}},
+                    {"name": "launcher", "template": {
+                        "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                        "spec": {"template": {"spec": {"containers": [{"name": "node"}]}}}}}
+                ]}}
+            }
+        }))
+    }
+
+    #[test]
+    fn non_mpi_runtime_has_no_plan() {
+        let rt = runtime(json!({"spec": {"mlPolicy": {"numNodes": 2}}}));
+        assert_eq!(MpiPlan::new(&train_job(json!({})), &rt), Ok(None));
+    }
+
+    #[test]
+    fn defaults_apply_when_mpi_fields_are_absent() {
+        let plan = MpiPlan::new(&train_job(json!(null)), &deepspeed_like(json!({})))
+            .expect("plan")
+            .expect("mpi");
+        assert_eq!(plan.implementation.name, "OpenMPI");
+        assert_eq!(plan.slots, 1);
+        assert_eq!(plan.ssh_auth_mount_path, "/root/.ssh");
+        assert!(!plan.run_launcher_as_node);
+        assert_eq!(plan.node_count, None);
+        assert_eq!(plan.subdomain, "pi");
+    }
+
+    #[test]
+    fn run_launcher_as_node_takes_one_node_but_never_below_one() {
+        let rt = deepspeed_like(json!({"runLauncherAsNode": true}));
+        for (nodes, expected) in [(3, 2), (2, 1), (1, 1), (0, 1)] {
+            let plan = MpiPlan::new(&train_job(json!({"numNodes": nodes})), &rt)
+                .expect("plan")
+                .expect("mpi");
+            assert_eq!(plan.node_count, Some(expected), "numNodes {nodes}");
+        }
+    }
+
+    #[test]
+    fn unsupported_implementation_is_an_error() {
+        for value in ["", "LAM"] {
+            let rt = deepspeed_like(json!({"mpiImplementation": value}));
+            assert_eq!(
+                MpiPlan::new(&train_job(json!({})), &rt),
+                Err(PlanError::UnsupportedImplementation(value.to_string()))
+            );
+        }
+    }
+
+    #[test]
+    fn gpu_count_is_deterministic_and_rounds_up() {
+        let r: ResourceRequirements = serde_json::from_value(json!({
+            "requests": {"b.com/gpu": "0", "a.com/GPU": "3", "cpu": "8"},
+            "limits": {"nvidia.com/gpu": 9}
+        }))
+        .expect("parses");
+        assert_eq!(gpus_per_node(&r), 3);
+        let limits_only: ResourceRequirements =
+            serde_json::from_value(json!({"limits": {"nvidia.com/gpu": "1500m"}})).expect("parses");
+        assert_eq!(gpus_per_node(&limits_only), 2);
+        let zero_request: ResourceRequirements = serde_json::from_value(
+            json!({"requests": {"nvidia.com/gpu": "0"}, "limits": {"nvidia.com/gpu": "4"}}),
+        )
+        .expect("parses");
+        assert_eq!(gpus_per_node(&zero_request), 4);
+    }
+
+    #[test]
+    fn slots_come_from_trainjob_then_gpus_then_runtime() {
+        let rt = deepspeed_like(json!({"numProcPerNode": 1}));
+        let with_procs = train_job(
+            json!({"numProcPerNode": 8, "resourcesPerNode": {"limits": {"nvidia.com/gpu": 4}}}),
+        );
+        assert_eq!(
+            MpiPlan::new(&with_procs, &rt)
+                .expect("ok")
+                .expect("mpi")
+                .slots,
+            8
+        );
+        let with_gpus = train_job(json!({"resourcesPerNode": {"limits": {"nvidia.com/gpu": 4}}}));
+        assert_eq!(
+            MpiPlan::new(&with_gpus, &rt)
+                .expect("ok")
+                .expect("mpi")
+                .slots,
+            4
+        );
+        let rt4 = deepspeed_like(json!({"numProcPerNode": 4}));
+        assert_eq!(
+            MpiPlan::new(&with_gpus, &rt4)
+                .expect("ok")
+                .expect("mpi")
+                .slots,
+            4
+        );
+        let rt2 = deepspeed_like(json!({"numProcPerNode": 2}));
+        assert_eq!(
+            MpiPlan::new(&train_job(json!({})), &rt2)
+                .expect("ok")
+                .expect("mpi")
+                .slots,
+            2
+        );
+    }
+}

@@ -1,0 +1,226 @@
+//! Admission rules (spec section B and Decisions 4, 6, 7, 8, 10): the TrainJob checked against
+//! its runtime, and the runtimes themselves. Every message is byte for byte the upstream text.
+
+use serde_json::Value;
+
+use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::field_error::{BadValue, FieldError, go_quote};
+
+use super::hostfile::check_hostfile_size;
+use super::implementation::{self, Implementation};
+use super::plan::{MpiPlan, PlanError};
+use super::{ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE};
+
+const RUN_LAUNCHER_AS_NODE_DETAIL: &str = "must have 1 when MPI trainingRuntime with enabled runLauncherAsNode does not have either launcher and node";
+
+/// The JSON at a `/`-separated pointer of a raw object, or `null` when absent: error values show
+/// the client's own JSON (Decision 9).
+fn raw_at(raw: &Value, pointer: &str) -> Value {
+    raw.pointer(pointer).cloned().unwrap_or(Value::Null)
+}
+
+/// Why a runtime's implementation is unusable, naming the runtime and the value (Decision 4).
+pub fn unsupported_implementation_detail(kind: RuntimeKind, runtime: &str, value: &str) -> String {
+    format!(
+        "{} {} has an unsupported spec.mlPolicy.mpi.mpiImplementation {}: supported values: {}",
+        kind.as_str(),
+        go_quote(runtime),
+        go_quote(value),
+        implementation::supported_names()
+            .iter()
+            .map(|n| go_quote(n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
+}
+
+/// Validates an MPI TrainJob against its runtime. `raw` is the TrainJob as the client sent it.
+/// Returns no errors when the runtime has no MPI policy (MPI never warns).
+pub fn validate_train_job(
+    train_job: &TrainJob,
+    raw: &Value,
+    runtime: &TrainingRuntime,
+    kind: RuntimeKind,
+) -> Vec<FieldError> {
+    let Some(mpi) = runtime.mpi() else {
+        return Vec::new();
+    };
+    let mut errors = Vec::new();
+    let trainer = train_job.spec.trainer.as_ref();
+    let num_nodes = trainer.and_then(|t| t.num_nodes);
+
+    // B.1: runLauncherAsNode needs both a launcher and a node replicatedJob.
+    if trainer.is_some() && num_nodes.unwrap_or(1) >= 2 && mpi.run_launcher_as_node() {
+        let has = |name: &str| {
+            runtime
+                .spec
+                .template
+                .spec
+                .replicated_jobs
+                .iter()
+                .any(|r| r.name == name)
+        };
+        if !has(LAUNCHER) || !has(NODE) {
+            errors.push(FieldError::invalid(
+                "spec.trainer.numNodes",
+                BadValue::Int(i64::from(num_nodes.unwrap_or(1))),
+                RUN_LAUNCHER_AS_NODE_DETAIL,
+            ));
+        }
+    }
+
+    let plan = match MpiPlan::new(train_job, runtime) {
+        Ok(plan) => plan,
+        Err(PlanError::UnsupportedImplementation(value)) => {
+            errors.push(FieldError::invalid(
+                "spec.runtimeRef",
+                BadValue::Json(raw_at(raw, "/spec/runtimeRef")),
+                unsupported_implementation_detail(kind, runtime.name(), &value),
+            ));
+            return errors;
+        }
+    };
+    let Some(plan) = plan else {
+        return errors;
+    };
+
+    // B.2: env names the implementation injects are reserved (Decision 6).
+    if trainer.is_some() {
+        errors.extend(reserved_env_error(train_job, raw, plan.implementation));
+    }
+
+    // Decision 8: bounds upstream lacks.
+    match num_nodes {
+        Some(n) if n < 0 => errors.push(FieldError::invalid(
+            "spec.trainer.numNodes",
+            BadValue::Int(i64::from(n)),
+            "must be greater than or equal to 0",
+        )),
+        _ => {
+            if let Err(too_large) = check_hostfile_size(&plan) {
+                errors.push(FieldError::invalid(
+                    "spec.trainer.numNodes",
+                    BadValue::Int(i64::from(num_nodes.unwrap_or(1))),
+                    too_large.to_string(),
+                ));
+            }
+        }
+    }
+    errors
+}
+
+fn reserved_env_error(
+    train_job: &TrainJob,
+    raw: &Value,
+    implementation: &Implementation,
+) -> Option<FieldError> {
+    let env = train_job.spec.trainer.as_ref()?.env.as_ref()?;
+    let mut reserved: Vec<&str> = env
+        .iter()
+        .map(|e| e.name.as_str())
+        .filter(|name| implementation.reserves(name))
+        .collect();
+    if reserved.is_empty() {
+        return None;
+    }
+    reserved.sort_unstable();
+    reserved.dedup();
+    Some(FieldError::invalid(
+        "spec.trainer.env",
+        BadValue::Json(raw_at(raw, "/spec/trainer/env")),
+        format!(
+            "must not have reserved envs, invalid envs configured: [{}]",
+            reserved.join(" ")
+        ),
+    ))
+}
+
+/// Validates a TrainingRuntime or ClusterTrainingRuntime: upstream's runtime webhook rules (the
+/// ancestor rules, skipped on a TrainingRuntime UPDATE as upstream does) and the CRD-level MPI
+/// rules repeated for clusters with older CRDs (Decisions 4, 7, 10).
+pub fn validate_runtime(
+    runtime: &TrainingRuntime,
+    raw: &Value,
+    kind: RuntimeKind,
+    is_update: bool,
+) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    if !(is_update && kind == RuntimeKind::TrainingRuntime) {
+        errors.extend(ancestor_errors(runtime, raw));
+    }
+    let Some(ml_policy) = runtime.spec.ml_policy.as_ref() else {
+        return errors;
+    };
+    if ml_policy.sources_set() > 1 {
+        errors.push(FieldError::invalid(
+            "spec.mlPolicy",
+            BadValue::Str("object".into()),
+            "Only one of the policy can be configured",
+        ));
+    }
+    if let Some(mpi) = ml_policy.mpi.as_ref() {
+        if mpi.num_proc_per_node() < 1 {
+            errors.push(FieldError::invalid(
+                "spec.mlPolicy.mpi.numProcPerNode",
+                BadValue::Int(i64::from(mpi.num_proc_per_node())),
+                "NumProcPerNode in mpiPolicy must be >= 1",
+            ));
+        }
+        if implementation::lookup(mpi.mpi_implementation()).is_none() {
+            errors.push(FieldError::unsupported(
+                "spec.mlPolicy.mpi.mpiImplementation",
+                BadValue::Str(mpi.mpi_implementation().to_string()),
+                &implementation::supported_names(),
+            ));
+        }
+    }
+    errors
+}
+
+/// The container a replicatedJob labelled with an ancestor must have.
+fn required_container(ancestor: &str) -> Option<&'static str> {
+    match ancestor {
+        ANCESTOR_TRAINER => Some(NODE),
+        "model-initializer" => Some("model-initializer"),
+        "dataset-initializer" => Some("dataset-initializer"),
+        _ => None,
+    }
+}
+
+fn ancestor_errors(runtime: &TrainingRuntime, raw: &Value) -> Vec<FieldError> {
+    let mut errors = Vec::new();
+    for (i, rjob) in runtime
+        .spec
+        .template
+        .spec
+        .replicated_jobs
+        .iter()
+        .enumerate()
+    {
+        let Some(ancestor) = rjob.label(ANCESTOR_LABEL) else {
+            continue;
+        };
+        let Some(container) = required_container(ancestor) else {
+            continue;
+        };
+        let path = format!("spec.template.spec.replicatedJobs[{i}]");
+        if rjob.replicas() != 1 {
+            errors.push(FieldError::invalid(
+                format!("{path}.replicas"),
+                BadValue::Int(i64::from(rjob.replicas())),
+                "always must be 1",
+            ));
+        }
+        if !rjob.containers().iter().any(|c| c.name == container) {
+            errors.push(FieldError::invalid(
+                format!("{path}.template.spec.template.spec.containers"),
+                BadValue::Json(raw_at(
+                    raw,
+                    &format!("/spec/template/spec/replicatedJobs/{i}/template/spec/template/spec/containers"),
+                )),
+                format!("must contain the required container for the ancestor: {ancestor}"),
+            ));
+        }
+    }
+    errors
+}

@@ -1,0 +1,209 @@
+//! Loading objects from a directory of YAML / JSON files (`--objects-dir`).
+//!
+//! Every `*.yaml`, `*.yml` and `*.json` file under the directory is read, recursively and in path
+//! order; YAML files may hold several documents. TrainJobs and (Cluster)TrainingRuntimes are
+//! kept; other kinds are skipped with a debug log. A file that is not YAML/JSON, or a known kind
+//! whose fields have the wrong types, fails the whole load with an error naming the file.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::api::{RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
+
+use super::Snapshot;
+
+/// Directory nesting deeper than this is not followed (guards against symlink loops).
+const MAX_DEPTH: usize = 16;
+
+/// Loading `--objects-dir` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A directory or file could not be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file is not valid YAML / JSON, or a document is not an object.
+    #[error("{path}: {message}")]
+    Syntax {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        message: String,
+    },
+    /// A known kind has a field of the wrong type.
+    #[error("{path}: document {document} ({kind} {name:?}): {message}")]
+    Object {
+        /// The file.
+        path: PathBuf,
+        /// 1-based document number in the file.
+        document: usize,
+        /// The object's kind.
+        kind: String,
+        /// The object's name, when readable.
+        name: String,
+        /// The field and the problem.
+        message: String,
+    },
+}
+
+/// The kinds an objects directory may hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KnownKind {
+    /// A TrainJob.
+    TrainJob,
+    /// A runtime of either kind.
+    Runtime(RuntimeKind),
+}
+
+impl KnownKind {
+    /// The known kind of an object, from its `apiVersion` and `kind`.
+    pub fn of(value: &Value) -> Option<Self> {
+        let api_version = value.get("apiVersion").and_then(Value::as_str)?;
+        if api_version.split('/').next() != Some(TRAINER_GROUP) {
+            return None;
+        }
+        match value.get("kind").and_then(Value::as_str)? {
+            "TrainJob" => Some(Self::TrainJob),
+            "TrainingRuntime" => Some(Self::Runtime(RuntimeKind::TrainingRuntime)),
+            "ClusterTrainingRuntime" => Some(Self::Runtime(RuntimeKind::ClusterTrainingRuntime)),
+            _ => None,
+        }
+    }
+}
+
+/// Reads a typed view from raw JSON, naming the offending field on error
+/// (e.g. `spec.trainer.numNodes: invalid type: string "3", expected i32`).
+///
+/// # Errors
+/// The field path and serde's message.
+pub fn from_value<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.into_inner().to_string()
+        } else {
+            format!("{path}: {}", e.into_inner())
+        }
+    })
+}
+
+/// Parses the documents of one file: JSON for `*.json`, multi-document YAML otherwise.
+///
+/// # Errors
+/// A message saying why the text is not YAML / JSON.
+pub fn parse_documents(text: &str, json: bool) -> Result<Vec<Value>, String> {
+    if json {
+        return serde_json::from_str::<Value>(text)
+            .map(|v| vec![v])
+            .map_err(|e| format!("not valid JSON: {e}"));
+    }
+    serde_saphyr::from_multiple::<Value>(text)
+        .map(|docs| docs.into_iter().filter(|d| !d.is_null()).collect())
+        .map_err(|e| format!("not valid YAML: {e}"))
+}
+
+impl Snapshot {
+    /// Loads every object file under `dir`.
+    ///
+    /// # Errors
+    /// [`LoadError`] naming the first file that cannot be read or parsed.
+    pub fn load_dir(dir: &Path) -> Result<Snapshot, LoadError> {
+        let mut files = Vec::new();
+        collect_files(dir, 0, &mut files)?;
+        files.sort();
+        let mut snapshot = Snapshot::default();
+        for path in &files {
+            load_file(&mut snapshot, path)?;
+        }
+        Ok(snapshot)
+    }
+}
+
+fn collect_files(dir: &Path, depth: usize, files: &mut Vec<PathBuf>) -> Result<(), LoadError> {
+    let read_error = |source| LoadError::Read {
+        path: dir.to_path_buf(),
+        source,
+    };
+    for entry in std::fs::read_dir(dir).map_err(read_error)? {
+        let path = entry.map_err(read_error)?.path();
+        let name = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        // Hidden entries include the `..data` / `..<timestamp>` directories of a mounted
+        // ConfigMap, whose files also appear at the top level.
+        if name.starts_with('.') {
+            continue;
+        }
+        if path.is_dir() {
+            if depth < MAX_DEPTH {
+                collect_files(&path, depth + 1, files)?;
+            }
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            files.push(path);
+        }
+    }
+    Ok(())
+}
+
+fn load_file(snapshot: &mut Snapshot, path: &Path) -> Result<(), LoadError> {
+    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let json = path.extension().and_then(|e| e.to_str()) == Some("json");
+    let syntax = |message| LoadError::Syntax {
+        path: path.to_path_buf(),
+        message,
+    };
+    for (i, doc) in parse_documents(&text, json)
+        .map_err(syntax)?
+        .into_iter()
+        .enumerate()
+    {
+        if !doc.is_object() {
+            return Err(syntax(format!("document {} is not an object", i + 1)));
+        }
+        let Some(kind) = KnownKind::of(&doc) else {
+            tracing::debug!(file = %path.display(), document = i + 1, "skipping object of an unknown kind");
+            continue;
+        };
+        let object_error = |message| LoadError::Object {
+            path: path.to_path_buf(),
+            document: i + 1,
+            kind: doc
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            name: doc
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string(),
+            message,
+        };
+        let replaced = match kind {
+            KnownKind::TrainJob => {
+                snapshot.insert_train_job(from_value::<TrainJob>(&doc).map_err(object_error)?)
+            }
+            KnownKind::Runtime(kind) => snapshot.insert_runtime(
+                kind,
+                from_value::<TrainingRuntime>(&doc).map_err(object_error)?,
+            ),
+        };
+        if replaced {
+            tracing::warn!(file = %path.display(), document = i + 1, "object defined twice; the later file wins");
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,133 @@
+//! Where TrainJobs and runtimes come from (interface.md "Where objects come from").
+//!
+//! The admission logic asks an [`ObjectSource`]; [`Snapshot`] is the in-memory implementation
+//! loaded from `--objects-dir` (see [`dir`]), and the cluster implementation wraps watch-backed
+//! caches. Lookups are async only because a cluster source may fall back to a GET.
+
+pub mod dir;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+
+pub use dir::LoadError;
+
+/// A lookup failed for a reason other than "not found" (e.g. the API server is unreachable).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{0}")]
+pub struct LookupError(pub String);
+
+/// Read access to TrainJobs and runtimes.
+pub trait ObjectSource: Send + Sync {
+    /// A TrainingRuntime (`namespace` is used) or ClusterTrainingRuntime (`namespace` ignored).
+    fn runtime(
+        &self,
+        kind: RuntimeKind,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Arc<TrainingRuntime>>, LookupError>> + Send;
+
+    /// A TrainJob.
+    fn train_job(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = Result<Option<Arc<TrainJob>>, LookupError>> + Send;
+}
+
+/// An immutable set of objects, keyed by namespace and name.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    train_jobs: BTreeMap<(String, String), Arc<TrainJob>>,
+    training_runtimes: BTreeMap<(String, String), Arc<TrainingRuntime>>,
+    cluster_training_runtimes: BTreeMap<String, Arc<TrainingRuntime>>,
+}
+
+impl Snapshot {
+    /// Adds or replaces a TrainJob; returns whether one with the same key was replaced.
+    pub fn insert_train_job(&mut self, train_job: TrainJob) -> bool {
+        let key = (
+            train_job.namespace().to_string(),
+            train_job.name().to_string(),
+        );
+        self.train_jobs.insert(key, Arc::new(train_job)).is_some()
+    }
+
+    /// Adds or replaces a runtime; returns whether one with the same key was replaced.
+    pub fn insert_runtime(&mut self, kind: RuntimeKind, runtime: TrainingRuntime) -> bool {
+        let name = runtime.name().to_string();
+        match kind {
+            RuntimeKind::TrainingRuntime => {
+                let namespace = runtime.metadata.namespace.clone().unwrap_or_default();
+                self.training_runtimes
+                    .insert((namespace, name), Arc::new(runtime))
+                    .is_some()
+            }
+            RuntimeKind::ClusterTrainingRuntime => self
+                .cluster_training_runtimes
+                .insert(name, Arc::new(runtime))
+                .is_some(),
+        }
+    }
+
+    /// Every TrainJob in namespace/name order.
+    pub fn train_jobs(&self) -> impl Iterator<Item = &Arc<TrainJob>> {
+        self.train_jobs.values()
+    }
+
+    /// Number of objects held, for logs.
+    pub fn len(&self) -> usize {
+        self.train_jobs.len() + self.training_runtimes.len() + self.cluster_training_runtimes.len()
+    }
+
+    /// Whether no object is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Synchronous runtime lookup.
+    pub fn get_runtime(
+        &self,
+        kind: RuntimeKind,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Arc<TrainingRuntime>> {
+        match kind {
+            RuntimeKind::TrainingRuntime => self
+                .training_runtimes
+                .get(&(namespace.to_string(), name.to_string()))
+                .cloned(),
+            RuntimeKind::ClusterTrainingRuntime => {
+                self.cluster_training_runtimes.get(name).cloned()
+            }
+        }
+    }
+
+    /// Synchronous TrainJob lookup.
+    pub fn get_train_job(&self, namespace: &str, name: &str) -> Option<Arc<TrainJob>> {
+        self.train_jobs
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+    }
+}
+
+impl ObjectSource for Snapshot {
+    async fn runtime(
+        &self,
+        kind: RuntimeKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<TrainingRuntime>>, LookupError> {
+        Ok(self.get_runtime(kind, namespace, name))
+    }
+
+    async fn train_job(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<TrainJob>>, LookupError> {
+        Ok(self.get_train_job(namespace, name))
+    }
+}
