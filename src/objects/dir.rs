@@ -160,12 +160,16 @@ fn load_file(snapshot: &mut Snapshot, path: &Path) -> Result<(), LoadError> {
         path: path.to_path_buf(),
         source,
     })?;
+    load_text(snapshot, path, &text)
+}
+
+fn load_text(snapshot: &mut Snapshot, path: &Path, text: &str) -> Result<(), LoadError> {
     let json = path.extension().and_then(|e| e.to_str()) == Some("json");
     let syntax = |message| LoadError::Syntax {
         path: path.to_path_buf(),
         message,
     };
-    for (i, doc) in parse_documents(&text, json)
+    for (i, doc) in parse_documents(text, json)
         .map_err(syntax)?
         .into_iter()
         .enumerate()
@@ -206,4 +210,39 @@ fn load_file(snapshot: &mut Snapshot, path: &Path) -> Result<(), LoadError> {
         }
     }
     Ok(())
+}
+
+/// The MPI runtimes of `manifests/runtimes/`, compiled into the binary so that `serve` with no
+/// configuration works from any directory (the README's main-job command).
+const SHIPPED_RUNTIMES: &[(&str, &str)] = &[
+    (
+        "manifests/runtimes/deepspeed_distributed.yaml",
+        include_str!("../../manifests/runtimes/deepspeed_distributed.yaml"),
+    ),
+    (
+        "manifests/runtimes/mlx_distributed.yaml",
+        include_str!("../../manifests/runtimes/mlx_distributed.yaml"),
+    ),
+    (
+        "manifests/runtimes/intel_mpi_distributed.yaml",
+        include_str!("../../manifests/runtimes/intel_mpi_distributed.yaml"),
+    ),
+    (
+        "manifests/runtimes/mpich_distributed.yaml",
+        include_str!("../../manifests/runtimes/mpich_distributed.yaml"),
+    ),
+];
+
+impl Snapshot {
+    /// The runtimes shipped in `manifests/runtimes/`, embedded at build time.
+    ///
+    /// # Errors
+    /// [`LoadError`] if an embedded file does not parse (a build of a broken tree).
+    pub fn shipped_runtimes() -> Result<Snapshot, LoadError> {
+        let mut snapshot = Snapshot::default();
+        for (path, text) in SHIPPED_RUNTIMES {
+            load_text(&mut snapshot, Path::new(path), text)?;
+        }
+        Ok(snapshot)
+    }
 }
