@@ -1,0 +1,138 @@
+//! The one list of Kubernetes API calls mpi-webhook makes: every kube API call in the code must be
+//! listed here, and the RBAC in `manifests/base/rbac.yaml` grants exactly these verbs (checked by
+//! `tests/manifests.rs`).
+//!
+//! Pure data, no I/O. `serve` and `reconcile` run as two containers of one pod, so they share the
+//! ServiceAccount `mpi-webhook`; the manifests still split the grants into one ClusterRole (and, for
+//! own-namespace calls, one Role) per component so each can be read and reviewed on its own.
+
+/// One resource a component talks to, and the verbs it uses on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiCall {
+    /// The subcommand that makes the call: `"serve"` or `"reconcile"`.
+    pub component: &'static str,
+    /// API group; `""` is the core group.
+    pub group: &'static str,
+    /// Plural resource name, as RBAC spells it.
+    pub resource: &'static str,
+    /// RBAC verbs (`get`, `list`, `watch`, `create`, `update`, `patch`, `delete`).
+    pub verbs: &'static [&'static str],
+    /// `true` when the call only ever targets the pod's own namespace (granted by a Role there);
+    /// `false` when it targets any namespace or a cluster-scoped resource (granted by a ClusterRole).
+    pub namespaced_to_own_namespace: bool,
+}
+
+/// The `serve` subcommand: the admission webhook server.
+pub const SERVE: &str = "serve";
+/// The `reconcile` subcommand: the reconciler sidecar.
+pub const RECONCILE: &str = "reconcile";
+
+const READ: &[&str] = &["get", "list", "watch"];
+
+/// Every Kubernetes API call the code makes.
+pub const API_CALLS: &[ApiCall] = &[
+    // serve: watch-backed caches of TrainJobs and runtimes, GET on a cache miss.
+    ApiCall {
+        component: SERVE,
+        group: "trainer.kubeflow.org",
+        resource: "trainjobs",
+        verbs: READ,
+        namespaced_to_own_namespace: false,
+    },
+    ApiCall {
+        component: SERVE,
+        group: "trainer.kubeflow.org",
+        resource: "trainingruntimes",
+        verbs: READ,
+        namespaced_to_own_namespace: false,
+    },
+    ApiCall {
+        component: SERVE,
+        group: "trainer.kubeflow.org",
+        resource: "clustertrainingruntimes",
+        verbs: READ,
+        namespaced_to_own_namespace: false,
+    },
+    // reconcile: the controller's primary watch and the runtime lookups.
+    ApiCall {
+        component: RECONCILE,
+        group: "trainer.kubeflow.org",
+        resource: "trainjobs",
+        verbs: READ,
+        namespaced_to_own_namespace: false,
+    },
+    ApiCall {
+        component: RECONCILE,
+        group: "trainer.kubeflow.org",
+        resource: "trainingruntimes",
+        verbs: READ,
+        namespaced_to_own_namespace: false,
+    },
+    ApiCall {
+        component: RECONCILE,
+        group: "trainer.kubeflow.org",
+        resource: "clustertrainingruntimes",
+        verbs: READ,
+        namespaced_to_own_namespace: false,
+    },
+    // The SSH Secret is created once and never changed (immutable): no update, patch or delete.
+    // The watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`).
+    ApiCall {
+        component: RECONCILE,
+        group: "",
+        resource: "secrets",
+        verbs: &["get", "list", "watch", "create"],
+        namespaced_to_own_namespace: false,
+    },
+    // The hostfile ConfigMap is server-side applied (PATCH with field manager `mpi-webhook`).
+    ApiCall {
+        component: RECONCILE,
+        group: "",
+        resource: "configmaps",
+        verbs: &["get", "list", "watch", "create", "patch"],
+        namespaced_to_own_namespace: false,
+    },
+    ApiCall {
+        component: RECONCILE,
+        group: "events.k8s.io",
+        resource: "events",
+        verbs: &["create", "patch"],
+        namespaced_to_own_namespace: false,
+    },
+    // Leader election: the Lease `mpi-webhook-reconciler` in the pod's own namespace.
+    ApiCall {
+        component: RECONCILE,
+        group: "coordination.k8s.io",
+        resource: "leases",
+        verbs: &["get", "create", "update"],
+        namespaced_to_own_namespace: true,
+    },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_call_names_a_known_component_and_verbs() {
+        for call in API_CALLS {
+            assert!(
+                call.component == SERVE || call.component == RECONCILE,
+                "{call:?}"
+            );
+            assert!(!call.verbs.is_empty(), "{call:?}");
+        }
+    }
+
+    #[test]
+    fn no_resource_is_listed_twice_for_one_component() {
+        for (i, a) in API_CALLS.iter().enumerate() {
+            for b in &API_CALLS[i + 1..] {
+                assert!(
+                    (a.component, a.group, a.resource) != (b.component, b.group, b.resource),
+                    "{a:?} and {b:?}"
+                );
+            }
+        }
+    }
+}
