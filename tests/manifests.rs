@@ -1,0 +1,938 @@
+//! The deployment manifests (`manifests/`) against the code and the contract: every file parses,
+//! the webhook paths are the server's routes, the RBAC grants exactly `API_CALLS`, the pod is
+//! hardened as promised, every kustomization renders, and (through `tests/validate_manifests.py`)
+//! every rendered object validates against the Kubernetes schemas.
+//!
+//! Tests that need `kubectl` or the `kubernetes-validate` Python package skip with a message when
+//! the tool is missing, and fail when `CI=true`.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use mpi_webhook::api_calls::{API_CALLS, RECONCILE, SERVE};
+use pretty_assertions::assert_eq;
+use serde_json::Value;
+
+const NAMESPACE: &str = "mpi-webhook";
+const SERVICE_ACCOUNT: &str = "mpi-webhook";
+const IMAGE: &str = "ghcr.io/mpi-webhook/mpi-webhook:0.1.0";
+const TLS_SECRET: &str = "mpi-webhook-tls";
+const TLS_DIR: &str = "/etc/mpi-webhook/tls";
+const OWNED_BY_TRAINJOB: &str = "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.apiVersion.startsWith('trainer.kubeflow.org/') && r.kind == 'TrainJob' && has(r.controller) && r.controller)";
+
+/// The HTTPS routes `serve` answers on, from the server's own route table.
+fn server_routes() -> BTreeSet<&'static str> {
+    mpi_webhook::admission::Route::ALL
+        .iter()
+        .map(|route| route.path())
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn manifests() -> PathBuf {
+    repo().join("manifests")
+}
+
+/// Every `*.yaml`, `*.yml` and `*.json` file under `dir`, in path order.
+fn data_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read manifests dir")
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            out.extend(data_files(&path));
+        } else if matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// The documents of one YAML or JSON file, parsed as the code parses them (serde-saphyr).
+fn docs(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).expect("read manifest");
+    serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text)
+        .unwrap_or_else(|e| panic!("{} does not parse: {e}", path.display()))
+}
+
+fn docs_of(paths: &[&str]) -> Vec<Value> {
+    paths
+        .iter()
+        .flat_map(|p| docs(&manifests().join(p)))
+        .collect()
+}
+
+fn base() -> Vec<Value> {
+    let kustomization = docs(&manifests().join("base/kustomization.yaml"));
+    let resources = kustomization[0]["resources"]
+        .as_array()
+        .expect("base resources");
+    resources
+        .iter()
+        .flat_map(|r| {
+            docs(
+                &manifests()
+                    .join("base")
+                    .join(r.as_str().expect("resource path")),
+            )
+        })
+        .collect()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn strings(value: &Value) -> Vec<&str> {
+    value
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+fn webhooks(objects: &[Value]) -> Vec<(&str, &Value)> {
+    let mut out = Vec::new();
+    for kind in [
+        "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
+    ] {
+        for config in of_kind(objects, kind) {
+            for hook in config["webhooks"].as_array().expect("webhooks") {
+                out.push((kind, hook));
+            }
+        }
+    }
+    out
+}
+
+fn container<'a>(deployment: &'a Value, name: &str) -> &'a Value {
+    deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+/// A tool from PATH, or `None` after saying why the test is skipped; with `CI=true`, a panic.
+fn tool(name: &str, probe: &[&str]) -> Option<PathBuf> {
+    let found = Command::new(name)
+        .args(probe)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if found {
+        return Some(PathBuf::from(name));
+    }
+    assert!(
+        std::env::var("CI").as_deref() != Ok("true"),
+        "{name} is required when CI=true (see .ci/run)"
+    );
+    eprintln!("SKIP: `{name}` is not installed; install it to run this test");
+    None
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let path = entry.expect("dir entry").path();
+        let target = to.join(path.file_name().expect("file name"));
+        if path.is_dir() {
+            copy_dir(&path, &target);
+        } else {
+            std::fs::copy(&path, &target).expect("copy");
+        }
+    }
+}
+
+/// Renders `manifests/<path>` with `kubectl kustomize`, from a copy of `manifests/` in which the
+/// cli-certs overlay has placeholder `tls/` files (they are generated and git-ignored).
+fn kustomize(kubectl: &Path, path: &str) -> Vec<Value> {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let root = tmp.path().join("manifests");
+    copy_dir(&manifests(), &root);
+    for file in ["tls.crt", "tls.key", "ca.crt"] {
+        let content = format!("placeholder {file}\n");
+        std::fs::write(root.join("overlays/cli-certs/tls").join(file), content).expect("write");
+    }
+    let out = Command::new(kubectl)
+        .arg("kustomize")
+        .arg(root.join(path))
+        .output()
+        .expect("run kubectl kustomize");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize manifests/{path} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text).expect("rendered YAML parses")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Every file
+
+#[test]
+fn every_manifest_parses_into_objects_with_kind_and_name() {
+    let files = data_files(&manifests());
+    assert!(files.len() > 10, "found only {files:?}");
+    for path in files {
+        let documents = docs(&path);
+        assert!(!documents.is_empty(), "{} is empty", path.display());
+        for doc in documents {
+            let shown = path.display();
+            assert!(doc.is_object(), "{shown}: a document is not an object");
+            assert!(doc["apiVersion"].is_string(), "{shown}: no apiVersion");
+            assert!(doc["kind"].is_string(), "{shown}: no kind");
+            if doc["kind"] != "Kustomization" && doc["kind"] != "AdmissionReview" {
+                assert!(
+                    doc["metadata"]["name"].is_string(),
+                    "{shown}: no metadata.name"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_cli_certs_overlay_never_commits_key_material() {
+    let tls = manifests().join("overlays/cli-certs/tls");
+    let ignore = std::fs::read_to_string(tls.join(".gitignore")).expect(".gitignore");
+    assert!(ignore.lines().any(|l| l == "*"), "{ignore}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Webhook configurations
+
+#[test]
+fn webhook_paths_are_exactly_the_server_routes() {
+    let objects = base();
+    let paths: Vec<&str> = webhooks(&objects)
+        .iter()
+        .map(|(_, hook)| {
+            hook["clientConfig"]["service"]["path"]
+                .as_str()
+                .expect("path")
+        })
+        .collect();
+    let unique: BTreeSet<&str> = paths.iter().copied().collect();
+    assert_eq!(paths.len(), unique.len(), "a path is registered twice");
+    assert_eq!(unique, server_routes());
+}
+
+#[test]
+fn every_webhook_fails_closed_fast_and_never_sees_its_own_namespace_or_kube_system() {
+    let objects = base();
+    let hooks = webhooks(&objects);
+    assert_eq!(hooks.len(), 4);
+    for (kind, hook) in hooks {
+        let name = hook["name"].as_str().expect("name");
+        assert_eq!(hook["sideEffects"], "None", "{name}");
+        assert_eq!(strings(&hook["admissionReviewVersions"]), ["v1"], "{name}");
+        assert_eq!(hook["failurePolicy"], "Fail", "{name}");
+        assert_eq!(hook["timeoutSeconds"], 5, "{name}");
+        assert!(hook["clientConfig"]["url"].is_null(), "{name}");
+        let service = &hook["clientConfig"]["service"];
+        assert_eq!(service["name"], "mpi-webhook", "{name}");
+        assert_eq!(service["namespace"], NAMESPACE, "{name}");
+        assert_eq!(service["port"], 443, "{name}");
+        let excluded = hook["namespaceSelector"]["matchExpressions"]
+            .as_array()
+            .expect("namespaceSelector")
+            .iter()
+            .find(|e| e["key"] == "kubernetes.io/metadata.name")
+            .unwrap_or_else(|| panic!("{name}: no namespace exclusion"));
+        assert_eq!(excluded["operator"], "NotIn", "{name}");
+        let values: BTreeSet<&str> = strings(&excluded["values"]).into_iter().collect();
+        assert_eq!(values, BTreeSet::from([NAMESPACE, "kube-system"]), "{name}");
+        let rules = hook["rules"].as_array().expect("rules");
+        assert_eq!(rules.len(), 1, "{name}");
+        let rule = &rules[0];
+        if kind == "MutatingWebhookConfiguration" {
+            assert_eq!(strings(&rule["apiGroups"]), ["jobset.x-k8s.io"]);
+            assert_eq!(strings(&rule["apiVersions"]), ["v1alpha2"]);
+            assert_eq!(strings(&rule["resources"]), ["jobsets"]);
+            assert_eq!(strings(&rule["operations"]), ["CREATE"]);
+            let conditions = hook["matchConditions"].as_array().expect("matchConditions");
+            assert!(
+                conditions
+                    .iter()
+                    .any(|c| c["expression"] == OWNED_BY_TRAINJOB),
+                "{name}: only TrainJob-owned JobSets may reach the webhook"
+            );
+        } else {
+            assert_eq!(strings(&rule["apiGroups"]), ["trainer.kubeflow.org"]);
+            assert_eq!(strings(&rule["apiVersions"]), ["v1alpha1"]);
+            assert_eq!(strings(&rule["operations"]), ["CREATE", "UPDATE"]);
+        }
+    }
+}
+
+#[test]
+fn each_route_is_registered_for_its_own_resource() {
+    let objects = base();
+    let expected = [
+        (
+            "/validate-trainer-kubeflow-org-v1alpha1-trainjob",
+            "trainjobs",
+        ),
+        (
+            "/validate-trainer-kubeflow-org-v1alpha1-trainingruntime",
+            "trainingruntimes",
+        ),
+        (
+            "/validate-trainer-kubeflow-org-v1alpha1-clustertrainingruntime",
+            "clustertrainingruntimes",
+        ),
+        ("/mutate-jobset-x-k8s-io-v1alpha2-jobset", "jobsets"),
+    ];
+    for (path, resource) in expected {
+        let (_, hook) = webhooks(&objects)
+            .into_iter()
+            .find(|(_, h)| h["clientConfig"]["service"]["path"] == path)
+            .unwrap_or_else(|| panic!("no webhook for {path}"));
+        assert_eq!(
+            strings(&hook["rules"][0]["resources"]),
+            [resource],
+            "{path}"
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Service, Deployment, PodDisruptionBudget
+
+#[test]
+fn the_service_sends_443_to_the_webhook_containers_9443() {
+    let objects = base();
+    let service = find(&objects, "Service", "mpi-webhook");
+    assert_eq!(service["metadata"]["namespace"], NAMESPACE);
+    let ports = service["spec"]["ports"].as_array().expect("ports");
+    assert_eq!(ports.len(), 1);
+    assert_eq!(ports[0]["port"], 443);
+    assert_eq!(ports[0]["name"], "webhook");
+    let deployment = find(&objects, "Deployment", "mpi-webhook");
+    let webhook = container(deployment, "webhook");
+    let target = &ports[0]["targetPort"];
+    let port = webhook["ports"]
+        .as_array()
+        .expect("container ports")
+        .iter()
+        .find(|p| &p["name"] == target || &p["containerPort"] == target)
+        .expect("targetPort names a webhook container port");
+    assert_eq!(port["containerPort"], 9443);
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    for (key, value) in service["spec"]["selector"].as_object().expect("selector") {
+        assert_eq!(&labels[key], value, "Service selector {key}");
+    }
+}
+
+#[test]
+fn the_deployment_runs_serve_and_reconcile_from_one_image_as_the_contract_says() {
+    let objects = base();
+    let deployment = find(&objects, "Deployment", "mpi-webhook");
+    assert_eq!(deployment["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], SERVICE_ACCOUNT);
+    let containers = pod["containers"].as_array().expect("containers");
+    assert_eq!(containers.len(), 2);
+
+    let webhook = container(deployment, "webhook");
+    assert_eq!(webhook["image"], IMAGE);
+    assert_eq!(
+        strings(&webhook["args"]),
+        [
+            "serve",
+            "--listen",
+            "0.0.0.0:9443",
+            "--tls-cert-file",
+            "/etc/mpi-webhook/tls/tls.crt",
+            "--tls-key-file",
+            "/etc/mpi-webhook/tls/tls.key",
+            "--metrics-listen",
+            "0.0.0.0:9090",
+        ]
+    );
+    for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
+        let get = &webhook[probe]["httpGet"];
+        assert_eq!(get["path"], path, "{probe}");
+        assert_eq!(get["scheme"], "HTTPS", "{probe}");
+        assert!(get["port"] == "webhook" || get["port"] == 9443, "{probe}");
+    }
+    let mount = webhook["volumeMounts"]
+        .as_array()
+        .expect("mounts")
+        .iter()
+        .find(|m| m["mountPath"] == TLS_DIR)
+        .expect("TLS mount");
+    assert_eq!(mount["readOnly"], true);
+    let volume = pod["volumes"]
+        .as_array()
+        .expect("volumes")
+        .iter()
+        .find(|v| v["name"] == mount["name"])
+        .expect("TLS volume");
+    assert_eq!(volume["secret"]["secretName"], TLS_SECRET);
+
+    let reconciler = container(deployment, "reconciler");
+    assert_eq!(reconciler["image"], IMAGE);
+    assert_eq!(
+        strings(&reconciler["args"]),
+        [
+            "reconcile",
+            "--leader-elect",
+            "--metrics-listen",
+            "0.0.0.0:9091"
+        ]
+    );
+    let liveness = &reconciler["livenessProbe"]["httpGet"];
+    assert_eq!(liveness["path"], "/healthz");
+    assert_eq!(liveness["scheme"], "HTTP");
+    assert!(liveness["port"] == "reconcile-http" || liveness["port"] == 9091);
+    let env = reconciler["env"].as_array().expect("env");
+    for (name, field) in [
+        ("MPI_WEBHOOK_LEASE_NAMESPACE", "metadata.namespace"),
+        ("MPI_WEBHOOK_LEASE_HOLDER", "metadata.name"),
+    ] {
+        let var = env
+            .iter()
+            .find(|v| v["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}"));
+        assert_eq!(var["valueFrom"]["fieldRef"]["fieldPath"], field, "{name}");
+    }
+}
+
+#[test]
+fn the_pod_is_non_root_read_only_unprivileged_with_runtime_default_seccomp_and_bounded() {
+    let objects = base();
+    let deployment = find(&objects, "Deployment", "mpi-webhook");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert!(pod["hostNetwork"].is_null() && pod["hostPID"].is_null());
+    for c in pod["containers"].as_array().expect("containers") {
+        let name = c["name"].as_str().expect("name");
+        let security = &c["securityContext"];
+        assert_eq!(security["allowPrivilegeEscalation"], false, "{name}");
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{name}");
+        assert_eq!(security["runAsNonRoot"], true, "{name}");
+        assert_eq!(
+            strings(&security["capabilities"]["drop"]),
+            ["ALL"],
+            "{name}"
+        );
+        assert_ne!(security["privileged"], true, "{name}");
+        for bound in ["requests", "limits"] {
+            for resource in ["cpu", "memory"] {
+                assert!(
+                    c["resources"][bound][resource].is_string(),
+                    "{name}: {bound}.{resource}"
+                );
+            }
+        }
+        assert!(c["livenessProbe"].is_object(), "{name}: livenessProbe");
+    }
+}
+
+#[test]
+fn two_replicas_spread_over_nodes_and_a_disruption_budget_keeps_one() {
+    let objects = base();
+    let deployment = find(&objects, "Deployment", "mpi-webhook");
+    let labels = &deployment["spec"]["template"]["metadata"]["labels"];
+    let spread = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+        .as_array()
+        .expect("topologySpreadConstraints");
+    assert!(
+        spread
+            .iter()
+            .any(|s| s["topologyKey"] == "kubernetes.io/hostname")
+    );
+    assert_eq!(
+        deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"],
+        0
+    );
+    let pdb = find(&objects, "PodDisruptionBudget", "mpi-webhook");
+    assert_eq!(pdb["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(pdb["spec"]["minAvailable"], 1);
+    for (key, value) in pdb["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("PDB selector")
+    {
+        assert_eq!(&labels[key], value, "PDB selector {key}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// RBAC
+
+/// One granted or needed permission: (component, group, resource, verb, own namespace only).
+type Grant = (String, String, String, String, bool);
+
+fn needed() -> BTreeSet<Grant> {
+    API_CALLS
+        .iter()
+        .flat_map(|call| {
+            call.verbs.iter().map(|verb| {
+                (
+                    call.component.to_string(),
+                    call.group.to_string(),
+                    call.resource.to_string(),
+                    verb.to_string(),
+                    call.namespaced_to_own_namespace,
+                )
+            })
+        })
+        .collect()
+}
+
+/// The permissions the manifests give the ServiceAccount, per component (the role's
+/// `app.kubernetes.io/component` label). `resourceNames` only narrows a rule, so it is ignored.
+fn granted(objects: &[Value]) -> BTreeSet<Grant> {
+    let is_ours = |binding: &Value| {
+        let subjects = binding["subjects"].as_array().expect("subjects");
+        assert_eq!(subjects.len(), 1, "{binding}");
+        subjects[0]["kind"] == "ServiceAccount"
+            && subjects[0]["name"] == SERVICE_ACCOUNT
+            && subjects[0]["namespace"] == NAMESPACE
+    };
+    let mut out = BTreeSet::new();
+    for (binding_kind, role_kind) in [
+        ("ClusterRoleBinding", "ClusterRole"),
+        ("RoleBinding", "Role"),
+    ] {
+        for binding in of_kind(objects, binding_kind) {
+            assert!(is_ours(binding), "{binding} binds someone else");
+            assert_eq!(binding["roleRef"]["kind"], role_kind, "{binding}");
+            let role_name = binding["roleRef"]["name"].as_str().expect("roleRef.name");
+            let role = find(objects, role_kind, role_name);
+            let own_namespace = role_kind == "Role";
+            if own_namespace {
+                assert_eq!(role["metadata"]["namespace"], NAMESPACE);
+                assert_eq!(binding["metadata"]["namespace"], NAMESPACE);
+            }
+            let component = role["metadata"]["labels"]["app.kubernetes.io/component"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{role_name} has no component label"));
+            for rule in role["rules"].as_array().expect("rules") {
+                assert!(rule["nonResourceURLs"].is_null(), "{role_name}: {rule}");
+                for group in strings(&rule["apiGroups"]) {
+                    for resource in strings(&rule["resources"]) {
+                        for verb in strings(&rule["verbs"]) {
+                            for word in [group, resource, verb] {
+                                assert_ne!(word, "*", "{role_name}: wildcard in {rule}");
+                            }
+                            out.insert((
+                                component.to_string(),
+                                group.to_string(),
+                                resource.to_string(),
+                                verb.to_string(),
+                                own_namespace,
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn rbac_grants_every_verb_the_code_uses_and_no_more() {
+    let objects = base();
+    let granted = granted(&objects);
+    let needed = needed();
+    let missing: Vec<_> = needed.difference(&granted).collect();
+    let extra: Vec<_> = granted.difference(&needed).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "RBAC and src/api_calls.rs differ.\nmissing from manifests/base/rbac.yaml: {missing:#?}\n\
+         granted but not in API_CALLS: {extra:#?}"
+    );
+    for component in [SERVE, RECONCILE] {
+        assert!(granted.iter().any(|g| g.0 == component), "{component}");
+    }
+}
+
+#[test]
+fn every_role_is_bound_and_every_role_and_binding_is_named_for_us() {
+    let objects = base();
+    for (role_kind, binding_kind) in [
+        ("ClusterRole", "ClusterRoleBinding"),
+        ("Role", "RoleBinding"),
+    ] {
+        for role in of_kind(&objects, role_kind) {
+            let name = &role["metadata"]["name"];
+            assert!(
+                name.as_str().expect("name").starts_with("mpi-webhook-"),
+                "{name}"
+            );
+            assert!(
+                of_kind(&objects, binding_kind)
+                    .iter()
+                    .any(|b| &b["roleRef"]["name"] == name),
+                "{role_kind} {name} is not bound"
+            );
+        }
+    }
+    find(&objects, "ServiceAccount", SERVICE_ACCOUNT);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Runtimes and samples
+
+fn upstream() -> Option<PathBuf> {
+    let dir = std::env::var_os("MPI_WEBHOOK_UPSTREAM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join("../shared/upstream"));
+    dir.is_dir().then_some(dir)
+}
+
+#[test]
+fn the_shipped_runtimes_are_the_four_mpi_implementations() {
+    let runtimes = docs_of(&[
+        "runtimes/deepspeed_distributed.yaml",
+        "runtimes/mlx_distributed.yaml",
+        "runtimes/intel_mpi_distributed.yaml",
+        "runtimes/mpich_distributed.yaml",
+    ]);
+    let got: Vec<(&str, &str)> = runtimes
+        .iter()
+        .map(|r| {
+            (
+                r["metadata"]["name"].as_str().expect("name"),
+                r["spec"]["mlPolicy"]["mpi"]["mpiImplementation"]
+                    .as_str()
+                    .expect("mpiImplementation"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("deepspeed-distributed", "OpenMPI"),
+            ("mlx-distributed", "OpenMPI"),
+            ("intel-mpi-distributed", "Intel"),
+            ("mpich-distributed", "MPICH"),
+        ]
+    );
+    for runtime in &runtimes {
+        assert_eq!(runtime["kind"], "ClusterTrainingRuntime");
+    }
+}
+
+#[test]
+fn vendored_upstream_files_are_verbatim_copies() {
+    let Some(upstream) = upstream() else {
+        eprintln!("SKIP: ../shared/upstream not found; set MPI_WEBHOOK_UPSTREAM_DIR to check");
+        return;
+    };
+    let trainer = upstream.join("kubeflow-trainer/manifests/base");
+    for (ours, theirs) in [
+        (
+            "runtimes/deepspeed_distributed.yaml",
+            "runtimes/deepspeed_distributed.yaml",
+        ),
+        (
+            "runtimes/mlx_distributed.yaml",
+            "runtimes/mlx_distributed.yaml",
+        ),
+        (
+            "overlays/crds-intel-mpich/upstream/trainer.kubeflow.org_trainingruntimes.yaml",
+            "crds/trainer.kubeflow.org_trainingruntimes.yaml",
+        ),
+        (
+            "overlays/crds-intel-mpich/upstream/trainer.kubeflow.org_clustertrainingruntimes.yaml",
+            "crds/trainer.kubeflow.org_clustertrainingruntimes.yaml",
+        ),
+    ] {
+        let a = std::fs::read(manifests().join(ours)).expect("ours");
+        let b = std::fs::read(trainer.join(theirs)).expect("theirs");
+        assert!(a == b, "manifests/{ours} differs from upstream {theirs}");
+    }
+}
+
+#[test]
+fn sample_trainjobs_reference_shipped_runtimes_and_can_be_matched_offline() {
+    let runtimes: BTreeSet<String> = data_files(&manifests().join("runtimes"))
+        .iter()
+        .flat_map(|p| docs(p))
+        .filter(|d| d["kind"] == "ClusterTrainingRuntime")
+        .map(|d| d["metadata"]["name"].as_str().expect("name").to_string())
+        .collect();
+    let samples: Vec<Value> = data_files(&manifests().join("samples"))
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .flat_map(|p| docs(p))
+        .collect();
+    let trainjobs = of_kind(&samples, "TrainJob");
+    assert_eq!(trainjobs.len(), 4);
+    for tj in trainjobs {
+        let name = tj["metadata"]["name"].as_str().expect("name");
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+            "{name}"
+        );
+        assert_eq!(tj["metadata"]["namespace"], "default", "{name}");
+        assert!(tj["metadata"]["uid"].is_string(), "{name}");
+        assert_eq!(tj["spec"]["trainer"]["numNodes"], 3, "{name}");
+        let runtime = tj["spec"]["runtimeRef"]["name"].as_str().expect("runtime");
+        assert!(runtimes.contains(runtime), "{name}: runtime {runtime}");
+    }
+}
+
+#[test]
+fn sample_reviews_are_the_three_documented_cases() {
+    let reviews = manifests().join("samples/reviews");
+    let read = |file: &str| docs(&reviews.join(file)).remove(0);
+
+    let allowed = read("trainjob-create-allowed.json");
+    let denied = read("trainjob-create-denied-reserved-env.json");
+    let jobset = read("jobset-create-owned-by-trainjob.json");
+    let mut uids = BTreeSet::new();
+    for review in [&allowed, &denied, &jobset] {
+        assert_eq!(review["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(review["kind"], "AdmissionReview");
+        assert_eq!(review["request"]["operation"], "CREATE");
+        assert!(uids.insert(review["request"]["uid"].as_str().expect("uid")));
+        assert_eq!(
+            review["request"]["object"]["kind"],
+            review["request"]["kind"]["kind"]
+        );
+    }
+    let env = &denied["request"]["object"]["spec"]["trainer"]["env"];
+    assert!(
+        env.as_array()
+            .expect("env")
+            .iter()
+            .any(|e| e["name"] == "OMPI_MCA_orte_default_hostfile")
+    );
+
+    let owner = &jobset["request"]["object"]["metadata"]["ownerReferences"][0];
+    assert_eq!(owner["kind"], "TrainJob");
+    assert_eq!(owner["controller"], true);
+    let sample = docs(&manifests().join("samples/trainjob-pi-deepspeed.yaml")).remove(0);
+    assert_eq!(owner["name"], sample["metadata"]["name"]);
+    assert_eq!(owner["uid"], sample["metadata"]["uid"]);
+    assert_eq!(
+        allowed["request"]["object"]["metadata"]["uid"],
+        sample["metadata"]["uid"]
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// kubectl kustomize
+
+#[test]
+fn the_base_renders_to_what_its_files_say() {
+    let Some(kubectl) = tool("kubectl", &["version", "--client"]) else {
+        return;
+    };
+    let rendered = kustomize(&kubectl, "");
+    let files = base();
+    let ids = |objects: &[Value]| -> BTreeSet<String> {
+        objects
+            .iter()
+            .map(|o| format!("{} {}", o["kind"], o["metadata"]["name"]))
+            .collect()
+    };
+    assert_eq!(ids(&rendered), ids(&files));
+    for object in &rendered {
+        let kind = object["kind"].as_str().expect("kind");
+        let cluster_scoped = matches!(
+            kind,
+            "Namespace"
+                | "ClusterRole"
+                | "ClusterRoleBinding"
+                | "ValidatingWebhookConfiguration"
+                | "MutatingWebhookConfiguration"
+        );
+        if !cluster_scoped {
+            assert_eq!(object["metadata"]["namespace"], NAMESPACE, "{kind}");
+        }
+    }
+}
+
+#[test]
+fn the_cert_manager_overlay_issues_the_tls_secret_and_injects_the_ca() {
+    let Some(kubectl) = tool("kubectl", &["version", "--client"]) else {
+        return;
+    };
+    let rendered = kustomize(&kubectl, "overlays/cert-manager");
+    let certificate = find(&rendered, "Certificate", "mpi-webhook-serving-cert");
+    assert_eq!(certificate["spec"]["secretName"], TLS_SECRET);
+    let dns = strings(&certificate["spec"]["dnsNames"]);
+    assert!(dns.contains(&"mpi-webhook.mpi-webhook.svc"), "{dns:?}");
+    for (kind, name) in [
+        ("ValidatingWebhookConfiguration", "mpi-webhook-validator"),
+        ("MutatingWebhookConfiguration", "mpi-webhook-mutator"),
+    ] {
+        let config = find(&rendered, kind, name);
+        assert_eq!(
+            config["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "mpi-webhook/mpi-webhook-serving-cert",
+            "{name}"
+        );
+    }
+    // The overlay only adds to the base.
+    assert_eq!(rendered.len(), base().len() + 4);
+}
+
+#[test]
+fn the_cli_certs_overlay_makes_the_tls_secret_and_fills_every_ca_bundle() {
+    let Some(kubectl) = tool("kubectl", &["version", "--client"]) else {
+        return;
+    };
+    let rendered = kustomize(&kubectl, "overlays/cli-certs");
+    let secret = find(&rendered, "Secret", TLS_SECRET);
+    assert_eq!(secret["metadata"]["namespace"], NAMESPACE);
+    assert_eq!(secret["type"], "kubernetes.io/tls");
+    let ca = secret["data"]["ca.crt"].as_str().expect("ca.crt");
+    assert!(secret["data"]["tls.crt"].is_string() && secret["data"]["tls.key"].is_string());
+    let hooks = webhooks(&rendered);
+    assert_eq!(hooks.len(), 4);
+    for (_, hook) in hooks {
+        assert_eq!(hook["clientConfig"]["caBundle"], ca, "{}", hook["name"]);
+    }
+}
+
+#[test]
+fn the_optional_crd_overlay_admits_intel_and_mpich() {
+    let Some(kubectl) = tool("kubectl", &["version", "--client"]) else {
+        return;
+    };
+    let rendered = kustomize(&kubectl, "overlays/crds-intel-mpich");
+    assert_eq!(rendered.len(), 2);
+    for crd in &rendered {
+        let enumeration = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["mlPolicy"]["properties"]["mpi"]["properties"]["mpiImplementation"]["enum"];
+        assert_eq!(
+            strings(enumeration),
+            ["OpenMPI", "", "Intel", "MPICH"],
+            "{}",
+            crd["metadata"]["name"]
+        );
+    }
+    let runtimes = kustomize(&kubectl, "runtimes");
+    assert_eq!(runtimes.len(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Kubernetes schemas
+
+#[test]
+fn every_rendered_object_validates_against_the_kubernetes_schemas() {
+    let Some(python) = tool("python3", &["--version"]) else {
+        return;
+    };
+    let out = Command::new(python)
+        .arg(repo().join("tests/validate_manifests.py"))
+        .output()
+        .expect("run tests/validate_manifests.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if out.status.code() == Some(77) {
+        eprintln!("{stderr}");
+        return;
+    }
+    assert!(
+        out.status.success(),
+        "schema validation failed:\n{stdout}\n{stderr}"
+    );
+    println!("{stdout}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dockerfile
+
+#[test]
+fn the_dockerfile_builds_with_the_ci_command_and_exposes_the_pods_ports() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    assert!(dockerfile.contains("cargo build --release --locked"));
+    assert!(dockerfile.contains("FROM gcr.io/distroless/cc-debian12:nonroot"));
+    assert!(dockerfile.contains("USER 65532:65532"));
+    let exposed: BTreeSet<u64> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("EXPOSE "))
+        .flat_map(|ports| ports.split_whitespace().map(|p| p.parse().expect("port")))
+        .collect();
+    let objects = base();
+    let deployment = find(&objects, "Deployment", "mpi-webhook");
+    let ports: BTreeSet<u64> = deployment["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("containers")
+        .iter()
+        .flat_map(|c| c["ports"].as_array().cloned().unwrap_or_default())
+        .map(|p| p["containerPort"].as_u64().expect("containerPort"))
+        .collect();
+    assert_eq!(exposed, ports);
+}
+
+/// Every file the crate compiles in (`include_str!`, `include_bytes!`) must be in the Docker build
+/// context, which `.dockerignore` limits to an allowlist.
+#[test]
+fn the_docker_build_context_holds_every_compiled_in_file() {
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
+    let allowed: Vec<&str> = ignore
+        .lines()
+        .filter_map(|l| l.strip_prefix('!'))
+        .map(|p| p.trim_end_matches('/'))
+        .collect();
+    let mut sources = Vec::new();
+    let mut stack = vec![repo().join("src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).expect("read src") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                sources.push(path);
+            }
+        }
+    }
+    for source in sources {
+        let text = std::fs::read_to_string(&source).expect("read source");
+        for marker in ["include_str!(\"", "include_bytes!(\""] {
+            for (at, _) in text.match_indices(marker) {
+                let rest = &text[at + marker.len()..];
+                let target = &rest[..rest.find('"').expect("closing quote")];
+                let dir = source.parent().expect("parent");
+                let full = std::fs::canonicalize(dir.join(target))
+                    .unwrap_or_else(|e| panic!("{}: {target}: {e}", source.display()));
+                let root = std::fs::canonicalize(repo()).expect("repo");
+                let relative = full.strip_prefix(&root).expect("inside the repository");
+                assert!(
+                    allowed.iter().any(|a| relative.starts_with(a)),
+                    "{} compiles in {}, which .dockerignore keeps out of the image build",
+                    source.display(),
+                    relative.display()
+                );
+            }
+        }
+    }
+}
