@@ -130,8 +130,8 @@ pub struct Summary {
 /// A review answered.
 #[derive(Debug, Clone)]
 pub struct Reviewed {
-    /// The response review to send.
-    pub review: AdmissionReview<DynamicObject>,
+    /// The `admission.k8s.io/v1` AdmissionReview response to send, as JSON.
+    pub review: Value,
     /// What happened.
     pub summary: Summary,
 }
@@ -203,9 +203,25 @@ pub async fn review_value<S: ObjectSource>(
     let verdict = decide(route, &request, objects).await;
     let response = respond(&request.req, &verdict, &mut summary);
     Ok(Reviewed {
-        review: response.into_review(),
+        review: review_json(response),
         summary,
     })
+}
+
+/// The response review as JSON, with `patch` as the base64 string the API expects (a Go
+/// `[]byte`); kube-core serializes the bytes as a JSON array of numbers.
+fn review_json(response: AdmissionResponse) -> Value {
+    use base64::Engine as _;
+    let patch = response
+        .patch
+        .as_ref()
+        .map(|bytes| base64::engine::general_purpose::STANDARD.encode(bytes));
+    // Serializing kube-core's response types cannot fail: every map in them has string keys.
+    let mut review = serde_json::to_value(response.into_review()).unwrap_or(Value::Null);
+    if let (Some(patch), Some(slot)) = (patch, review.pointer_mut("/response/patch")) {
+        *slot = Value::String(patch);
+    }
+    review
 }
 
 /// The route the `review` subcommand uses for a review: by `request.kind`, as the webhook

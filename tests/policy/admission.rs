@@ -1,0 +1,390 @@
+//! The admission core: AdmissionReview in, response out, through `admission::review` with an
+//! in-memory object source. Exact messages, uid echo, warnings, patches and bad input.
+
+use base64::Engine;
+use mpi_webhook::admission::{BadReview, Route, review};
+use mpi_webhook::api::RuntimeKind;
+use mpi_webhook::objects::Snapshot;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::support::*;
+
+fn admission_review(kind: (&str, &str, &str), operation: &str, object: Value) -> Value {
+    let (group, version, kind) = kind;
+    json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+            "kind": {"group": group, "version": version, "kind": kind},
+            "resource": {"group": group, "version": version, "resource": format!("{}s", kind.to_lowercase())},
+            "namespace": "default",
+            "name": object["metadata"]["name"],
+            "operation": operation,
+            "userInfo": {"username": "alice"},
+            "object": object
+        }
+    })
+}
+
+const TRAINJOB: (&str, &str, &str) = ("trainer.kubeflow.org", "v1alpha1", "TrainJob");
+const JOBSET: (&str, &str, &str) = ("jobset.x-k8s.io", "v1alpha2", "JobSet");
+
+fn snapshot(runtimes: &[(RuntimeKind, Value)], train_jobs: &[Value]) -> Snapshot {
+    let mut s = Snapshot::default();
+    for (kind, rt) in runtimes {
+        s.insert_runtime(*kind, typed_runtime(rt));
+    }
+    for tj in train_jobs {
+        s.insert_train_job(typed_train_job(tj));
+    }
+    s
+}
+
+async fn respond(route: Route, body: &Value, objects: &Snapshot) -> Value {
+    let bytes = serde_json::to_vec(body).expect("serializes");
+    let reviewed = review(route, &bytes, objects)
+        .await
+        .expect("an AdmissionReview");
+    serde_json::to_value(reviewed.review).expect("serializes")
+}
+
+fn mpi_runtime() -> Value {
+    runtime(
+        json!({"runLauncherAsNode": true}),
+        vec![
+            rjob("node", false, &["node"]),
+            rjob("launcher", true, &["node"]),
+        ],
+    )
+}
+
+#[tokio::test]
+async fn allowed_trainjob_echoes_uid_with_no_patch() {
+    let objects = snapshot(&[(RuntimeKind::TrainingRuntime, mpi_runtime())], &[]);
+    let body = admission_review(TRAINJOB, "CREATE", train_job(json!({"numNodes": 2})));
+    let response = respond(Route::ValidateTrainJob, &body, &objects).await;
+    assert_eq!(response["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(response["kind"], "AdmissionReview");
+    assert_eq!(
+        response["response"]["uid"],
+        "705ab4f5-6393-11e8-b7cc-42010a800002"
+    );
+    assert_eq!(response["response"]["allowed"], true);
+    assert_eq!(response["response"].get("patch"), None);
+}
+
+#[tokio::test]
+async fn denial_is_403_forbidden_with_the_upstream_message() {
+    let objects = snapshot(&[(RuntimeKind::TrainingRuntime, mpi_runtime())], &[]);
+    let tj = train_job(json!({"env": [{"name": "OMPI_MCA_orte_default_hostfile", "value": "/x"}]}));
+    let response = respond(
+        Route::ValidateTrainJob,
+        &admission_review(TRAINJOB, "UPDATE", tj),
+        &objects,
+    )
+    .await;
+    let r = &response["response"];
+    assert_eq!(r["allowed"], false);
+    assert_eq!(r["status"]["code"], 403);
+    assert_eq!(r["status"]["reason"], "Forbidden");
+    assert_eq!(r["status"]["status"], "Failure");
+    assert_eq!(
+        r["status"]["message"],
+        r#"spec.trainer.env: Invalid value: [{"name":"OMPI_MCA_orte_default_hostfile","value":"/x"}]: must not have reserved envs, invalid envs configured: [OMPI_MCA_orte_default_hostfile]"#
+    );
+}
+
+#[tokio::test]
+async fn missing_runtimes_keep_upstream_texts() {
+    let objects = Snapshot::default();
+    let tj = train_job(json!({}));
+    let response = respond(
+        Route::ValidateTrainJob,
+        &admission_review(TRAINJOB, "CREATE", tj.clone()),
+        &objects,
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"spec.runtimeRef: Invalid value: {"name":"test-runtime","apiGroup":"trainer.kubeflow.org","kind":"TrainingRuntime"}: trainingruntimes.trainer.kubeflow.org "test-runtime" not found: specified trainingRuntime must be created before the TrainJob is created"#
+    );
+    let mut cluster = tj;
+    cluster["spec"]["runtimeRef"] = json!({"name": "gone", "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"});
+    let response = respond(
+        Route::ValidateTrainJob,
+        &admission_review(TRAINJOB, "CREATE", cluster),
+        &objects,
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"spec.RuntimeRef: Invalid value: {"name":"gone","apiGroup":"trainer.kubeflow.org","kind":"ClusterTrainingRuntime"}: clustertrainingruntimes.trainer.kubeflow.org "gone" not found: specified clusterTrainingRuntime must be created before the TrainJob is created"#
+    );
+}
+
+#[tokio::test]
+async fn unsupported_runtime_kind_is_denied() {
+    let mut tj = train_job(json!({}));
+    tj["spec"]["runtimeRef"] = json!({"name": "x", "apiGroup": "example.com", "kind": "MyRuntime"});
+    let response = respond(
+        Route::ValidateTrainJob,
+        &admission_review(TRAINJOB, "CREATE", tj),
+        &Snapshot::default(),
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        "unsupported runtime: MyRuntime.example.com"
+    );
+}
+
+#[tokio::test]
+async fn deprecated_cluster_runtime_warns() {
+    let mut rt = mpi_runtime();
+    rt["kind"] = json!("ClusterTrainingRuntime");
+    rt["metadata"] =
+        json!({"name": "old", "labels": {"trainer.kubeflow.org/support": "deprecated"}});
+    let objects = snapshot(&[(RuntimeKind::ClusterTrainingRuntime, rt)], &[]);
+    let mut tj = train_job(json!({}));
+    tj["spec"]["runtimeRef"] = json!({"name": "old"});
+    let response = respond(
+        Route::ValidateTrainJob,
+        &admission_review(TRAINJOB, "CREATE", tj),
+        &objects,
+    )
+    .await;
+    assert_eq!(response["response"]["allowed"], true);
+    assert_eq!(
+        response["response"]["warnings"],
+        json!([
+            "Referenced ClusterTrainingRuntime \"old\" is deprecated and will be removed in a future release of Kubeflow Trainer. See runtime deprecation policy: https://trainer.kubeflow.org/en/latest/operator-guides/runtime.html#runtime-deprecation-policy"
+        ])
+    );
+}
+
+#[tokio::test]
+async fn non_mpi_trainjob_is_allowed() {
+    let rt = json!({"metadata": {"name": "test-runtime", "namespace": "default"}, "spec": {"mlPolicy": {"numNodes": 1, "torch": {}}}});
+    let objects = snapshot(&[(RuntimeKind::TrainingRuntime, rt)], &[]);
+    let tj = train_job(json!({"env": [{"name": "OMPI_MCA_orte_default_hostfile", "value": "/x"}]}));
+    let response = respond(
+        Route::ValidateTrainJob,
+        &admission_review(TRAINJOB, "CREATE", tj),
+        &objects,
+    )
+    .await;
+    assert_eq!(response["response"]["allowed"], true);
+}
+
+#[tokio::test]
+async fn unreadable_object_is_denied_naming_the_field() {
+    let mut tj = train_job(json!({}));
+    tj["spec"]["trainer"] = json!({"numNodes": "three"});
+    let response = respond(
+        Route::ValidateTrainJob,
+        &admission_review(TRAINJOB, "CREATE", tj),
+        &Snapshot::default(),
+    )
+    .await;
+    assert_eq!(response["response"]["allowed"], false);
+    assert_eq!(
+        response["response"]["uid"],
+        "705ab4f5-6393-11e8-b7cc-42010a800002"
+    );
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"TrainJob cannot be read: spec.trainer.numNodes: invalid type: string "three", expected i32"#
+    );
+}
+
+#[tokio::test]
+async fn jobset_owned_by_an_mpi_trainjob_is_patched_once() {
+    let rt = mpi_runtime();
+    let tj = train_job(json!({"numNodes": 3}));
+    let objects = snapshot(
+        &[(RuntimeKind::TrainingRuntime, rt.clone())],
+        std::slice::from_ref(&tj),
+    );
+    let js = jobset(&rt, &tj);
+    let response = respond(
+        Route::MutateJobSet,
+        &admission_review(JOBSET, "CREATE", js.clone()),
+        &objects,
+    )
+    .await;
+    let r = &response["response"];
+    assert_eq!(r["allowed"], true);
+    assert_eq!(r["patchType"], "JSONPatch");
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(r["patch"].as_str().expect("patch"))
+        .expect("base64");
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("RFC 6902");
+    let mut patched = js;
+    json_patch::patch(&mut patched, &patch).expect("applies");
+    assert_eq!(job_spec(&patched, "node")["parallelism"], json!(2));
+    let again = respond(
+        Route::MutateJobSet,
+        &admission_review(JOBSET, "CREATE", patched),
+        &objects,
+    )
+    .await;
+    assert_eq!(again["response"]["allowed"], true);
+    assert_eq!(
+        again["response"].get("patch"),
+        None,
+        "second pass: no patch"
+    );
+}
+
+#[tokio::test]
+async fn jobset_not_owned_by_a_trainjob_is_allowed_unchanged() {
+    let mut js = jobset(&mpi_runtime(), &train_job(json!({})));
+    js["metadata"]["ownerReferences"][0]["kind"] = json!("Workflow");
+    let response = respond(
+        Route::MutateJobSet,
+        &admission_review(JOBSET, "CREATE", js),
+        &Snapshot::default(),
+    )
+    .await;
+    assert_eq!(response["response"]["allowed"], true);
+    assert_eq!(response["response"].get("patch"), None);
+}
+
+#[tokio::test]
+async fn jobset_of_a_missing_or_different_trainjob_is_denied() {
+    let rt = mpi_runtime();
+    let tj = train_job(json!({}));
+    let js = jobset(&rt, &tj);
+    let response = respond(
+        Route::MutateJobSet,
+        &admission_review(JOBSET, "CREATE", js.clone()),
+        &Snapshot::default(),
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"TrainJob "default/trainjob", the controller owner of this JobSet, was not found; retry once it exists"#
+    );
+    let mut other = tj.clone();
+    other["metadata"]["uid"] = json!("recreated-uid");
+    let objects = snapshot(&[(RuntimeKind::TrainingRuntime, rt.clone())], &[other]);
+    let response = respond(
+        Route::MutateJobSet,
+        &admission_review(JOBSET, "CREATE", js.clone()),
+        &objects,
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"TrainJob "default/trainjob" has uid "recreated-uid", but this JobSet's controller ownerReference names uid "trainjob-uid""#
+    );
+    let objects = snapshot(&[], std::slice::from_ref(&tj));
+    let response = respond(
+        Route::MutateJobSet,
+        &admission_review(JOBSET, "CREATE", js),
+        &objects,
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"TrainJob "default/trainjob" refers to TrainingRuntime "test-runtime", which was not found"#
+    );
+}
+
+#[tokio::test]
+async fn jobset_of_an_unsupported_implementation_is_denied() {
+    let rt = runtime(
+        json!({"mpiImplementation": ""}),
+        vec![rjob("launcher", false, &["node"])],
+    );
+    let tj = train_job(json!({}));
+    let objects = snapshot(
+        &[(RuntimeKind::TrainingRuntime, rt.clone())],
+        std::slice::from_ref(&tj),
+    );
+    let response = respond(
+        Route::MutateJobSet,
+        &admission_review(JOBSET, "CREATE", jobset(&rt, &tj)),
+        &objects,
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"TrainJob "default/trainjob": TrainingRuntime "test-runtime" has an unsupported spec.mlPolicy.mpi.mpiImplementation "": supported values: "OpenMPI", "Intel", "MPICH""#
+    );
+}
+
+#[tokio::test]
+async fn delete_and_jobset_update_are_allowed_untouched() {
+    let body = admission_review(TRAINJOB, "DELETE", json!({"metadata": {"name": "x"}}));
+    let response = respond(Route::ValidateTrainJob, &body, &Snapshot::default()).await;
+    assert_eq!(response["response"]["allowed"], true);
+    let body = admission_review(
+        JOBSET,
+        "UPDATE",
+        jobset(&mpi_runtime(), &train_job(json!({}))),
+    );
+    let response = respond(Route::MutateJobSet, &body, &Snapshot::default()).await;
+    assert_eq!(response["response"]["allowed"], true);
+    assert_eq!(response["response"].get("patch"), None);
+}
+
+#[tokio::test]
+async fn a_kind_on_the_wrong_route_is_denied() {
+    let body = admission_review(JOBSET, "CREATE", json!({"metadata": {"name": "x"}}));
+    let response = respond(Route::ValidateTrainJob, &body, &Snapshot::default()).await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        "/validate-trainer-kubeflow-org-v1alpha1-trainjob admits TrainJob.trainer.kubeflow.org, not JobSet.jobset.x-k8s.io: check the webhook configuration's rules"
+    );
+}
+
+#[tokio::test]
+async fn runtime_routes_validate_runtimes() {
+    let rt = runtime(
+        json!({"numProcPerNode": 0}),
+        vec![rjob("node", false, &["node"])],
+    );
+    let body = admission_review(
+        ("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime"),
+        "CREATE",
+        rt,
+    );
+    let response = respond(Route::ValidateTrainingRuntime, &body, &Snapshot::default()).await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        "spec.mlPolicy.mpi.numProcPerNode: Invalid value: 0: NumProcPerNode in mpiPolicy must be >= 1"
+    );
+    let ok = upstream("kubeflow-trainer/manifests/base/runtimes/deepspeed_distributed.yaml");
+    let body = admission_review(
+        ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime"),
+        "CREATE",
+        ok,
+    );
+    let response = respond(
+        Route::ValidateClusterTrainingRuntime,
+        &body,
+        &Snapshot::default(),
+    )
+    .await;
+    assert_eq!(response["response"]["allowed"], true);
+}
+
+#[tokio::test]
+async fn bodies_that_are_not_admission_reviews_are_bad_reviews() {
+    let cases: [(&[u8], &str); 5] = [
+        (b"\xff\xfe garbage", "request body is not JSON: "),
+        (b"[1,2]", "request body is not a JSON object"),
+        (br#"{"apiVersion":"v1","kind":"Pod"}"#, r#"expected apiVersion "admission.k8s.io/v1" and kind "AdmissionReview", got "v1" and "Pod""#),
+        (br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview"}"#, "AdmissionReview has no request"),
+        (br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"u"}}"#, "not an AdmissionReview: request: missing field `kind`"),
+    ];
+    for (body, expected) in cases {
+        let BadReview(message) = review(Route::ValidateTrainJob, body, &Snapshot::default())
+            .await
+            .expect_err("bad");
+        assert!(message.starts_with(expected), "{message}");
+    }
+}

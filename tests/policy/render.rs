@@ -1,0 +1,236 @@
+//! The reconciler's objects (spec D) as `render` builds them, on the real upstream runtimes.
+
+use mpi_webhook::api::{RuntimeKind, TrainingRuntime};
+use mpi_webhook::mpi::enforce::enforce_mpi_policy;
+use mpi_webhook::mpi::hostfile::{hostfile, hostfile_configmap};
+use mpi_webhook::mpi::plan::MpiPlan;
+use mpi_webhook::mpi::ssh_secret::{SshKeyPair, generate_key_pair, ssh_secret};
+use mpi_webhook::objects::Snapshot;
+use mpi_webhook::render::render;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::support::*;
+
+fn upstream_runtime(name: &str) -> Value {
+    upstream(&format!(
+        "kubeflow-trainer/manifests/base/runtimes/{name}_distributed.yaml"
+    ))
+}
+
+fn pi(trainer: Value) -> Value {
+    let mut tj = train_job(trainer);
+    tj["metadata"]["name"] = json!("pi");
+    tj["spec"]["runtimeRef"] = json!({"name": "deepspeed-distributed"});
+    tj
+}
+
+#[test]
+fn upstream_runtimes_render_for_one_two_and_three_nodes() {
+    for runtime_name in ["deepspeed", "mlx"] {
+        let rt = upstream_runtime(runtime_name);
+        for (nodes, expected) in [
+            (1, "pi-node-0-0.pi slots=1\npi-launcher-0-0.pi slots=1\n"),
+            (2, "pi-node-0-0.pi slots=1\npi-launcher-0-0.pi slots=1\n"),
+            (
+                3,
+                "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\npi-launcher-0-0.pi slots=1\n",
+            ),
+        ] {
+            let tj = pi(json!({"numNodes": nodes}));
+            let plan = plan(&rt, &tj);
+            assert_eq!(
+                hostfile(&plan).expect("fits"),
+                expected,
+                "{runtime_name} numNodes {nodes}"
+            );
+            let patched = mutate(&plan, &jobset(&rt, &tj));
+            let workers = json!(std::cmp::max(nodes - 1, 1));
+            assert_eq!(job_spec(&patched, "node")["parallelism"], workers);
+            let launcher = &pod_spec(&patched, "launcher")["containers"][0];
+            assert_eq!(launcher["env"], open_mpi_env(1));
+            assert_eq!(
+                launcher["volumeMounts"],
+                json!([{"name": "mpi-ssh-auth", "mountPath": "/home/mpiuser/.ssh"}, {"name": "mpi-hostfile", "mountPath": "/etc/mpi"}])
+            );
+            let node = &pod_spec(&patched, "node")["containers"][0];
+            assert_eq!(
+                node["volumeMounts"],
+                json!([{"name": "mpi-ssh-auth", "mountPath": "/home/mpiuser/.ssh"}])
+            );
+            // The runtime's own fields survive.
+            assert_eq!(node["command"], json!(["/usr/sbin/sshd"]));
+            assert_eq!(
+                pod_spec(&patched, "node")["securityContext"],
+                json!({"fsGroup": 1000})
+            );
+        }
+    }
+}
+
+#[test]
+fn upstream_runtime_with_gpus_uses_gpu_count_as_slots() {
+    let rt = upstream_runtime("deepspeed");
+    let tj = pi(json!({"numNodes": 3, "resourcesPerNode": {"limits": {"nvidia.com/gpu": 4}}}));
+    let plan = plan(&rt, &tj);
+    assert_eq!(
+        hostfile(&plan).expect("fits"),
+        "pi-node-0-0.pi slots=4\npi-node-0-1.pi slots=4\npi-launcher-0-0.pi slots=4\n"
+    );
+    let patched = mutate(&plan, &jobset(&rt, &tj));
+    assert_eq!(
+        pod_spec(&patched, "launcher")["containers"][0]["env"],
+        open_mpi_env(4)
+    );
+}
+
+#[test]
+fn upstream_runtime_without_run_launcher_as_node_lists_workers_only() {
+    let mut rt = upstream_runtime("deepspeed");
+    rt["spec"]["mlPolicy"]["mpi"]["runLauncherAsNode"] = json!(false);
+    let plan = plan(&rt, &pi(json!({"numNodes": 3})));
+    assert_eq!(
+        hostfile(&plan).expect("fits"),
+        "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\npi-node-0-2.pi slots=1\n"
+    );
+}
+
+fn fixed_keys() -> SshKeyPair {
+    SshKeyPair {
+        private_key_pem: "-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n"
+            .into(),
+        public_key_line: "ecdsa-sha2-nistp521 AAAA\n".into(),
+    }
+}
+
+#[test]
+fn secret_and_configmap_have_exactly_the_spec_fields() {
+    let rt = upstream_runtime("deepspeed");
+    let tj = pi(json!({"numNodes": 2}));
+    let typed = typed_train_job(&tj);
+    let owner = json!([{
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "pi",
+        "uid": "trainjob-uid", "controller": true, "blockOwnerDeletion": true
+    }]);
+    let secret = serde_json::to_value(ssh_secret(&typed, &fixed_keys())).expect("serializes");
+    assert_eq!(
+        secret,
+        json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "pi-mpi-ssh-auth", "namespace": "default",
+                         "labels": {"app.kubernetes.io/managed-by": "mpi-webhook"}, "ownerReferences": owner},
+            "type": "kubernetes.io/ssh-auth",
+            "immutable": true,
+            "data": {
+                "ssh-privatekey": "LS0tLS1CRUdJTiBFQyBQUklWQVRFIEtFWS0tLS0tCkFBQUEKLS0tLS1FTkQgRUMgUFJJVkFURSBLRVktLS0tLQo=",
+                "ssh-publickey": "ZWNkc2Etc2hhMi1uaXN0cDUyMSBBQUFBCg=="
+            }
+        })
+    );
+    let configmap = hostfile_configmap(&typed, &plan(&rt, &tj)).expect("fits");
+    assert_eq!(
+        serde_json::to_value(configmap).expect("serializes"),
+        json!({
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "pi-mpi-hostfile", "namespace": "default",
+                         "labels": {"app.kubernetes.io/managed-by": "mpi-webhook"}, "ownerReferences": owner},
+            "data": {"hostfile": "pi-node-0-0.pi slots=1\npi-launcher-0-0.pi slots=1\n"}
+        })
+    );
+}
+
+#[test]
+fn generated_secret_keys_pair_up() {
+    let keys = generate_key_pair().expect("keys");
+    let private = p521::SecretKey::from_sec1_pem(&keys.private_key_pem).expect("SEC1 PEM on P-521");
+    let public =
+        ssh_key::PublicKey::from_openssh(keys.public_key_line.trim_end()).expect("OpenSSH line");
+    use p521::elliptic_curve::sec1::ToEncodedPoint;
+    assert_eq!(
+        public.key_data().ecdsa().expect("ecdsa").as_sec1_bytes(),
+        private.public_key().to_encoded_point(false).as_bytes()
+    );
+}
+
+#[test]
+fn webhook_patch_and_reconciler_hostfile_agree_on_counts_and_names() {
+    let rt = upstream_runtime("deepspeed");
+    for nodes in [1, 2, 3, 7] {
+        for launcher_as_node in [true, false] {
+            let mut rt = rt.clone();
+            rt["spec"]["mlPolicy"]["mpi"]["runLauncherAsNode"] = json!(launcher_as_node);
+            let tj = pi(json!({"numNodes": nodes}));
+            let plan = plan(&rt, &tj);
+            let patched = mutate(&plan, &jobset(&rt, &tj));
+            let workers = job_spec(&patched, "node")["parallelism"]
+                .as_i64()
+                .expect("set");
+            let text = hostfile(&plan).expect("fits");
+            let listed = text.lines().filter(|l| l.starts_with("pi-node-")).count();
+            assert_eq!(
+                listed as i64, workers,
+                "numNodes {nodes}, launcher as node {launcher_as_node}"
+            );
+            let volume = &pod_spec(&patched, "launcher")["volumes"][1]["configMap"]["name"];
+            assert_eq!(volume, "pi-mpi-hostfile");
+        }
+    }
+}
+
+#[test]
+fn render_emits_secret_then_configmap_in_namespace_name_order_and_reports_problems() {
+    let mut snapshot = Snapshot::default();
+    let rt: TrainingRuntime =
+        serde_json::from_value(upstream_runtime("deepspeed")).expect("parses");
+    snapshot.insert_runtime(RuntimeKind::ClusterTrainingRuntime, rt);
+    for (ns, name, runtime) in [
+        ("b", "late", "deepspeed-distributed"),
+        ("a", "early", "deepspeed-distributed"),
+        ("a", "lost", "missing"),
+    ] {
+        let mut tj = pi(json!({"numNodes": 2}));
+        tj["metadata"]["namespace"] = json!(ns);
+        tj["metadata"]["name"] = json!(name);
+        tj["spec"]["runtimeRef"] = json!({"name": runtime});
+        snapshot.insert_train_job(typed_train_job(&tj));
+    }
+    let rendered = render(&snapshot, || Ok(fixed_keys())).expect("renders");
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&rendered.yaml).expect("YAML");
+    let names: Vec<(&str, &str)> = docs
+        .iter()
+        .map(|d| {
+            (
+                d["kind"].as_str().unwrap_or(""),
+                d["metadata"]["name"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("Secret", "early-mpi-ssh-auth"),
+            ("ConfigMap", "early-mpi-hostfile"),
+            ("Secret", "late-mpi-ssh-auth"),
+            ("ConfigMap", "late-mpi-hostfile")
+        ]
+    );
+    assert_eq!(
+        docs[1]["data"]["hostfile"],
+        "early-node-0-0.early slots=1\nearly-launcher-0-0.early slots=1\n"
+    );
+    assert_eq!(
+        rendered.problems,
+        [r#"TrainJob a/lost: ClusterTrainingRuntime "missing" not found"#]
+    );
+}
+
+#[test]
+fn plan_is_none_for_non_mpi_and_ops_are_empty_for_patched() {
+    let rt = upstream_runtime("mlx");
+    let tj = pi(json!({"numNodes": 2}));
+    let plan = MpiPlan::new(&typed_train_job(&tj), &typed_runtime(&rt))
+        .expect("ok")
+        .expect("mpi");
+    let patched = mutate(&plan, &jobset(&rt, &tj));
+    assert!(enforce_mpi_policy(&plan, &patched).expect("ok").is_empty());
+}
