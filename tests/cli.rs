@@ -1,0 +1,282 @@
+//! The offline CLI (`review`, `render`) as a user runs it: the real binary on the shipped
+//! samples and on broken input. Exit codes, stdout and stderr are asserted.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use base64::Engine;
+use pretty_assertions::assert_eq;
+use serde_json::Value;
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary starts");
+    if let Some(input) = stdin {
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(input)
+            .expect("writes");
+    }
+    drop(child.stdin.take());
+    child.wait_with_output().expect("binary exits")
+}
+
+fn stdout_json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "stderr: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("stdout is JSON")
+}
+
+#[test]
+fn review_validate_allows_the_sample_trainjob() {
+    let out = run(
+        &[
+            "review",
+            "validate",
+            "manifests/samples/reviews/trainjob-create-allowed.json",
+            "--objects-dir",
+            "manifests",
+        ],
+        None,
+    );
+    let review = stdout_json(&out);
+    assert_eq!(
+        review["response"]["uid"],
+        "0a7c3f0e-5b2d-4e61-8a9f-1d2c3b4a5e01"
+    );
+    assert_eq!(review["response"]["allowed"], true);
+}
+
+#[test]
+fn review_validate_denies_a_reserved_env_with_exit_zero() {
+    let out = run(
+        &[
+            "review",
+            "validate",
+            "manifests/samples/reviews/trainjob-create-denied-reserved-env.json",
+            "--objects-dir",
+            "manifests",
+        ],
+        None,
+    );
+    let review = stdout_json(&out);
+    assert_eq!(review["response"]["allowed"], false);
+    assert_eq!(review["response"]["status"]["code"], 403);
+    let message = review["response"]["status"]["message"]
+        .as_str()
+        .expect("message");
+    assert!(
+        message.starts_with("spec.trainer.env: Invalid value: [{"),
+        "{message}"
+    );
+    assert!(
+        message.ends_with("invalid envs configured: [OMPI_MCA_orte_default_hostfile]"),
+        "{message}"
+    );
+}
+
+#[test]
+fn review_mutate_patches_the_sample_jobset_and_reads_stdin_and_yaml() {
+    let file = repo("manifests/samples/reviews/jobset-create-owned-by-trainjob.json");
+    let json = std::fs::read(&file).expect("sample");
+    let value: Value = serde_json::from_slice(&json).expect("sample JSON");
+    let yaml = serde_saphyr::to_string(&value).expect("as YAML");
+    for input in [json.clone(), yaml.into_bytes()] {
+        let review = stdout_json(&run(
+            &["review", "mutate", "-", "--objects-dir", "manifests"],
+            Some(&input),
+        ));
+        assert_eq!(review["response"]["patchType"], "JSONPatch");
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(review["response"]["patch"].as_str().expect("base64 string"))
+            .expect("base64");
+        let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("RFC 6902");
+        let mut jobset = value["request"]["object"].clone();
+        json_patch::patch(&mut jobset, &patch).expect("applies");
+        let launcher = jobset["spec"]["replicatedJobs"]
+            .as_array()
+            .expect("rjobs")
+            .iter()
+            .find(|r| r["name"] == "launcher")
+            .expect("launcher");
+        let env = &launcher["template"]["spec"]["template"]["spec"]["containers"][0]["env"];
+        assert!(
+            env.as_array()
+                .expect("env")
+                .iter()
+                .any(|e| e["name"] == "PRTE_MCA_prte_default_hostfile")
+        );
+    }
+}
+
+#[test]
+fn review_of_a_kind_without_that_route_is_an_error() {
+    let out = run(
+        &[
+            "review",
+            "validate",
+            "manifests/samples/reviews/jobset-create-owned-by-trainjob.json",
+            "--objects-dir",
+            "manifests",
+        ],
+        None,
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(r#"no validate route serves kind "JobSet" of group "jobset.x-k8s.io""#),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn garbage_review_input_fails_cleanly() {
+    for input in [
+        &b"\x00\xff\xfe{{{"[..],
+        b"- a\n- b\n",
+        b"{\"kind\": \"AdmissionReview\"",
+        b"---\na: 1\n---\nb: 2\n",
+        b"",
+    ] {
+        let out = run(
+            &[
+                "review",
+                "validate",
+                "-",
+                "--objects-dir",
+                "manifests/runtimes",
+            ],
+            Some(input),
+        );
+        assert_eq!(out.status.code(), Some(1), "input {input:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.starts_with("Error: "), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+    }
+}
+
+#[test]
+fn malformed_objects_dir_file_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(
+        dir.path().join("ok.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+    )
+    .expect("write");
+    std::fs::write(
+        dir.path().join("bad.yaml"),
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: pi}\nspec:\n  trainer:\n    numNodes: three\n",
+    )
+    .expect("write");
+    let out = run(
+        &[
+            "render",
+            "--objects-dir",
+            dir.path().to_str().expect("utf-8"),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("bad.yaml: document 1 (TrainJob \"pi\"): spec.trainer.numNodes: invalid type: string \"three\", expected i32"), "{stderr}");
+    std::fs::write(dir.path().join("bad.yaml"), "a: [unclosed\n").expect("write");
+    let stderr = String::from_utf8_lossy(
+        &run(
+            &[
+                "render",
+                "--objects-dir",
+                dir.path().to_str().expect("utf-8"),
+            ],
+            None,
+        )
+        .stderr,
+    )
+    .to_string();
+    assert!(stderr.contains("bad.yaml: not valid YAML"), "{stderr}");
+}
+
+#[test]
+fn render_prints_secret_then_configmap_per_trainjob_and_reports_missing_runtimes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for file in [
+        "runtimes/deepspeed_distributed.yaml",
+        "samples/trainjob-pi-deepspeed.yaml",
+    ] {
+        let from = repo(&format!("manifests/{file}"));
+        std::fs::copy(&from, dir.path().join(from.file_name().expect("name"))).expect("copy");
+    }
+    let out = run(
+        &[
+            "render",
+            "--objects-dir",
+            dir.path().to_str().expect("utf-8"),
+        ],
+        None,
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
+    let kinds: Vec<&str> = docs
+        .iter()
+        .map(|d| d["kind"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(kinds, ["Secret", "ConfigMap"]);
+    assert_eq!(
+        docs[1]["data"]["hostfile"],
+        "pi-deepspeed-node-0-0.pi-deepspeed slots=1\npi-deepspeed-node-0-1.pi-deepspeed slots=1\npi-deepspeed-launcher-0-0.pi-deepspeed slots=1\n"
+    );
+    std::fs::write(
+        dir.path().join("orphan.yaml"),
+        "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: orphan, namespace: default}\nspec:\n  runtimeRef: {name: nowhere}\n",
+    )
+    .expect("write");
+    let out = run(
+        &[
+            "render",
+            "--objects-dir",
+            dir.path().to_str().expect("utf-8"),
+        ],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        r#"skipped TrainJob default/orphan: ClusterTrainingRuntime "nowhere" not found"#
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
+    assert_eq!(docs.len(), 2, "the good TrainJob is still rendered");
+}
+
+#[test]
+fn every_subcommand_has_help() {
+    for sub in ["serve", "reconcile", "review", "render", "certs"] {
+        let out = run(&[sub, "--help"], None);
+        assert!(out.status.success(), "{sub} --help");
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("Usage: mpi-webhook"),
+            "{sub}"
+        );
+    }
+}
