@@ -1,0 +1,608 @@
+//! A tiny "cluster" of pods on one machine: one network namespace per pod, all wired to a bridge
+//! that lives in a namespace of its own (the host's interfaces and addresses are never touched),
+//! plus a private mount and UTS namespace per pod process so that each pod sees its own hostname,
+//! /etc/hosts, and its volumes at the exact paths the JobSet mounts them.
+//!
+//! Emulation choices (each documented where it is made):
+//! - kubelet: Secret and ConfigMap volumes are materialized from the objects `render` printed,
+//!   with the items, paths and modes of the JobSet's volume, owned by root (pods here run as
+//!   root, no fsGroup), in kubelet's `..data` symlink layout, and bind-mounted read-only.
+//! - JobSet's headless Service: every pod resolves `<pod>.<subdomain>` (and the FQDN) of every
+//!   pod through its own /etc/hosts; its own hostname is `<pod>` as in a real pod.
+//! - The container image: /etc is the host's /etc under a per-pod overlay that adds the image's
+//!   sshd_config, ssh host key and ssh client defaults (the same ones mpi-operator's base image
+//!   ships); the MPI launcher's bin dir is on the PATH of ssh sessions.
+//! Nothing is written outside the test's temp dir: the overlays' upper dirs live there too, and
+//! the mounts vanish with the pod's mount namespace.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use serde_json::Value;
+
+use crate::launchers::Launcher;
+use crate::proc::{self, Daemon};
+use crate::product;
+
+const T: Duration = Duration::from_secs(30);
+/// Subnet of the test's private bridge (RFC 2544 benchmarking range); it exists only inside the
+/// namespaces this test creates.
+const SUBNET: &str = "198.18.0";
+/// Prefix of every network namespace this test creates: `mpiw<pid>s<n>-...`.
+pub const NS_PREFIX: &str = "mpiw";
+/// The cluster domain of the emulated cluster (the kubelet default).
+const CLUSTER_DOMAIN: &str = "cluster.local";
+
+/// A pod of the JobSet, as the JobSet controller would create it.
+#[derive(Debug, Clone)]
+pub struct PodPlan {
+    /// `<jobset>-<replicatedJob>-<replicaIdx>-<podIdx>` (the pod's hostname)
+    pub hostname: String,
+    /// `<hostname>.<subdomain>`: the name the hostfile uses
+    pub dns_name: String,
+    pub rjob: String,
+    /// `template.spec.template.spec` of its replicatedJob, after the webhook's patch
+    pub pod_spec: Value,
+}
+
+/// The pods a JobSet yields: for each replicatedJob in order, `replicas` × `parallelism`.
+pub fn plan_pods(jobset: &Value) -> Result<Vec<PodPlan>> {
+    let name = jobset["metadata"]["name"]
+        .as_str()
+        .context("JobSet has no name")?;
+    let subdomain = jobset["spec"]["network"]["subdomain"]
+        .as_str()
+        .unwrap_or(name);
+    let mut pods = Vec::new();
+    for rj in jobset["spec"]["replicatedJobs"]
+        .as_array()
+        .context("no replicatedJobs")?
+    {
+        let rname = rj["name"].as_str().context("replicatedJob without name")?;
+        let replicas = rj["replicas"].as_u64().unwrap_or(1);
+        let parallelism = rj["template"]["spec"]["parallelism"].as_u64().unwrap_or(1);
+        ensure!(
+            replicas * parallelism <= 16,
+            "{rname}: {replicas}x{parallelism} pods is more than this test builds"
+        );
+        for r in 0..replicas {
+            for p in 0..parallelism {
+                let hostname = format!("{name}-{rname}-{r}-{p}");
+                pods.push(PodPlan {
+                    dns_name: format!("{hostname}.{subdomain}"),
+                    hostname,
+                    rjob: rname.to_string(),
+                    pod_spec: rj["template"]["spec"]["template"]["spec"].clone(),
+                });
+            }
+        }
+    }
+    Ok(pods)
+}
+
+pub struct Pod {
+    pub plan: PodPlan,
+    pub ns: String,
+    pub ip: String,
+    /// `net:[inode]` of the pod's network namespace, to tell which pod a process ran in.
+    pub netns_id: String,
+    dir: PathBuf,
+    init: PathBuf,
+}
+
+pub struct Cluster {
+    tag: String,
+    namespaces: Vec<String>,
+    daemons: Vec<Daemon>,
+    pub pods: Vec<Pod>,
+    torn_down: bool,
+}
+
+fn ip(args: &[&str]) -> Result<String> {
+    proc::run_ok(Command::new("ip").args(args), T)
+}
+
+fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<()> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::write(path, content).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+impl Cluster {
+    /// Create the namespaces and links. `tag` must be unique on the machine (pid + counter).
+    pub fn create(tag: &str, plans: Vec<PodPlan>, dir: &Path) -> Result<Cluster> {
+        let mut c = Cluster {
+            tag: tag.to_string(),
+            namespaces: Vec::new(),
+            daemons: Vec::new(),
+            pods: Vec::new(),
+            torn_down: false,
+        };
+        ensure!(plans.len() < 200, "too many pods");
+        let br = format!("{tag}-br");
+        ip(&["netns", "add", &br])?;
+        c.namespaces.push(br.clone());
+        ip(&["-n", &br, "link", "add", "br0", "type", "bridge"])?;
+        ip(&["-n", &br, "link", "set", "br0", "up"])?;
+        for (i, plan) in plans.into_iter().enumerate() {
+            let ns = format!("{tag}-{i}");
+            ip(&["netns", "add", &ns])?;
+            c.namespaces.push(ns.clone());
+            let veth = format!("v{i}");
+            // Both ends are created directly in their namespaces: nothing appears on the host.
+            ip(&[
+                "-n", &br, "link", "add", &veth, "type", "veth", "peer", "name", "eth0", "netns",
+                &ns,
+            ])?;
+            ip(&["-n", &br, "link", "set", &veth, "master", "br0", "up"])?;
+            let addr = format!("{SUBNET}.{}", 10 + i);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                "eth0",
+            ])?;
+            ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+            let netns_id = proc::run_ok(
+                Command::new("ip").args(["netns", "exec", &ns, "readlink", "/proc/self/ns/net"]),
+                T,
+            )?
+            .trim()
+            .to_string();
+            let pod_dir = dir.join("pods").join(&plan.hostname);
+            std::fs::create_dir_all(&pod_dir)?;
+            c.pods.push(Pod {
+                init: pod_dir.join("init.sh"),
+                dir: pod_dir,
+                plan,
+                ns,
+                ip: addr,
+                netns_id,
+            });
+        }
+        Ok(c)
+    }
+
+    /// Lay out every pod's filesystem view: volumes (kubelet), /etc/hosts (headless Service),
+    /// image files (sshd config, host key, ssh client defaults), and the pod's init script.
+    pub fn prepare(&self, rendered: &[Value], launcher: &Launcher) -> Result<()> {
+        for p in &self.pods {
+            self.prepare_pod(p, &self.hosts_file(p), rendered, launcher)?;
+        }
+        Ok(())
+    }
+
+    /// The names pod `p` can resolve, as an /etc/hosts file. Models Kubernetes: kubelet's line for
+    /// the pod itself (FQDN and hostname), and cluster DNS for the JobSet's headless Service
+    /// (`<pod>.<subdomain>.<ns>.svc.<cluster domain>`, found by the resolver through the pod's
+    /// search list: the ClusterFirst list plus the pod's own `dnsConfig.searches`). A name the
+    /// search list cannot complete to a record does not resolve, as in a cluster.
+    fn hosts_file(&self, p: &Pod) -> String {
+        let ns = product::NAMESPACE;
+        let mut searches: Vec<String> = vec![
+            format!("{ns}.svc.{CLUSTER_DOMAIN}"),
+            format!("svc.{CLUSTER_DOMAIN}"),
+            CLUSTER_DOMAIN.to_string(),
+        ];
+        for s in p.plan.pod_spec["dnsConfig"]["searches"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(s) = s.as_str() {
+                searches.push(s.trim_end_matches('.').to_string());
+            }
+        }
+        let mut h =
+            String::from("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n");
+        let _ = writeln!(
+            h,
+            "# kubelet-managed\n{}\t{}.{ns}.svc.{CLUSTER_DOMAIN}\t{}",
+            p.ip, p.plan.dns_name, p.plan.hostname
+        );
+        let _ = writeln!(
+            h,
+            "# cluster DNS: headless Service records, reachable through the search list {searches:?}"
+        );
+        for q in &self.pods {
+            let fqdn = format!("{}.{ns}.svc.{CLUSTER_DOMAIN}", q.plan.dns_name);
+            let mut names = vec![fqdn.clone()];
+            for s in &searches {
+                if let Some(short) = fqdn.strip_suffix(&format!(".{s}")) {
+                    names.push(short.to_string());
+                }
+            }
+            let _ = writeln!(h, "{}\t{}", q.ip, names.join("\t"));
+        }
+        h
+    }
+
+    fn prepare_pod(
+        &self,
+        p: &Pod,
+        hosts: &str,
+        rendered: &[Value],
+        launcher: &Launcher,
+    ) -> Result<()> {
+        let container = product::node_container(&p.plan.pod_spec)
+            .with_context(|| format!("pod {}", p.plan.hostname))?;
+        let volumes = p.plan.pod_spec["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+
+        // Mount points that may not exist on the host get an overlay on their nearest existing
+        // ancestor, so the directory is created in the pod's upper layer only.
+        let mut overlays: BTreeSet<PathBuf> = BTreeSet::new();
+        overlays.insert(PathBuf::from("/etc"));
+        let mut binds: Vec<(PathBuf, PathBuf)> = Vec::new();
+        let mut mkdirs: Vec<PathBuf> = Vec::new();
+
+        for m in container["volumeMounts"].as_array().into_iter().flatten() {
+            let vname = m["name"].as_str().context("volumeMount without name")?;
+            let mpath = PathBuf::from(
+                m["mountPath"]
+                    .as_str()
+                    .context("volumeMount without mountPath")?,
+            );
+            ensure!(
+                mpath.is_absolute(),
+                "mountPath {} is not absolute",
+                mpath.display()
+            );
+            ensure!(
+                m.get("subPath").is_none_or(Value::is_null),
+                "subPath mounts are not emulated ({vname})"
+            );
+            let vol = volumes
+                .iter()
+                .find(|v| v["name"] == vname)
+                .with_context(|| {
+                    format!(
+                        "pod {} mounts volume {vname}, which the pod does not have",
+                        p.plan.hostname
+                    )
+                })?;
+            let src = p.dir.join("volumes").join(vname);
+            materialize_volume(vol, rendered, &src)
+                .with_context(|| format!("pod {}: volume {vname}", p.plan.hostname))?;
+            binds.push((src, mpath.clone()));
+            if !mpath.is_dir() {
+                mkdirs.push(mpath.clone());
+                overlays.insert(nearest_existing_ancestor(&mpath)?);
+            }
+        }
+        // sshd's privilege separation directory (the image would have it).
+        let privsep = PathBuf::from("/run/sshd");
+        if !privsep.is_dir() {
+            mkdirs.push(privsep.clone());
+            overlays.insert(nearest_existing_ancestor(&privsep)?);
+        }
+        // Overlays must not nest.
+        let roots: Vec<PathBuf> = overlays
+            .iter()
+            .filter(|o| {
+                !overlays
+                    .iter()
+                    .any(|other| other != *o && o.starts_with(other))
+            })
+            .cloned()
+            .collect();
+        ensure!(
+            roots.iter().all(|r| r != Path::new("/")),
+            "refusing to overlay / for {mkdirs:?}"
+        );
+        let upper_of = |root: &Path| -> PathBuf {
+            let flat = root
+                .to_string_lossy()
+                .trim_start_matches('/')
+                .replace('/', "_");
+            p.dir.join("overlay").join(flat)
+        };
+        for r in &roots {
+            std::fs::create_dir_all(upper_of(r).join("upper"))?;
+            std::fs::create_dir_all(upper_of(r).join("work"))?;
+        }
+        let in_upper = |path: &Path| -> Result<PathBuf> {
+            let root = roots
+                .iter()
+                .find(|r| path.starts_with(r))
+                .with_context(|| format!("{} is under no overlay", path.display()))?;
+            Ok(upper_of(root).join("upper").join(path.strip_prefix(root)?))
+        };
+        for d in &mkdirs {
+            std::fs::create_dir_all(in_upper(d)?)?;
+        }
+
+        // Image files, in the /etc overlay.
+        write_file(&in_upper(Path::new("/etc/hosts"))?, hosts.as_bytes(), 0o644)?;
+        write_file(
+            &in_upper(Path::new("/etc/hostname"))?,
+            format!("{}\n", p.plan.hostname).as_bytes(),
+            0o644,
+        )?;
+        // Emulates the runtime image's ssh defaults (mpi-operator's base image sets the same):
+        // pods are new hosts every time, so host keys cannot be known in advance.
+        write_file(
+            &in_upper(Path::new("/etc/ssh/ssh_config.d/mpi-image.conf"))?,
+            b"Host *\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n    LogLevel ERROR\n",
+            0o644,
+        )?;
+        let host_key = in_upper(Path::new("/etc/ssh/ssh_host_ecdsa_key"))?;
+        if !host_key.exists() {
+            proc::run_ok(
+                Command::new("ssh-keygen")
+                    .args(["-q", "-t", "ecdsa", "-N", "", "-C", "", "-f"])
+                    .arg(&host_key),
+                T,
+            )?;
+        }
+        // The image's sshd: root login with keys only, no PAM (no logind here). StrictModes is
+        // off as in mpi-operator's base image: kubelet's volume directories are group/world
+        // writable (emptyDir/tmpfs), which StrictModes rejects. SetEnv gives ssh sessions the
+        // image's PATH (where a real image has the MPI daemons).
+        let sshd_config = format!(
+            "Port 22\nHostKey /etc/ssh/ssh_host_ecdsa_key\nPermitRootLogin prohibit-password\n\
+             PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
+             UsePAM no\nStrictModes no\nPidFile none\nLogLevel VERBOSE\nSetEnv PATH={}\n",
+            launcher.path_env()
+        );
+        write_file(
+            &in_upper(Path::new("/etc/ssh/sshd_config"))?,
+            sshd_config.as_bytes(),
+            0o644,
+        )?;
+
+        // The pod's init: private mounts, then the container's command (exec'd, "$@").
+        let mut s = String::from("#!/bin/sh\nset -eu\nmount --make-rprivate /\n");
+        for r in &roots {
+            let u = upper_of(r);
+            let _ = writeln!(
+                s,
+                "mount -t overlay mpiw-pod -o lowerdir={r},upperdir={up},workdir={wk} {r}",
+                r = sh_quote(&r.to_string_lossy()),
+                up = sh_quote(&u.join("upper").to_string_lossy()),
+                wk = sh_quote(&u.join("work").to_string_lossy()),
+            );
+        }
+        for (src, dst) in &binds {
+            // Secret and ConfigMap volumes are read-only in a pod.
+            let _ = writeln!(
+                s,
+                "mount --bind {a} {b}\nmount -o remount,bind,ro {b}",
+                a = sh_quote(&src.to_string_lossy()),
+                b = sh_quote(&dst.to_string_lossy()),
+            );
+        }
+        let _ = writeln!(
+            s,
+            "echo {} > /proc/sys/kernel/hostname",
+            sh_quote(&p.plan.hostname)
+        );
+        s.push_str("exec \"$@\"\n");
+        write_file(&p.init, s.as_bytes(), 0o755)?;
+        Ok(())
+    }
+
+    /// A command that runs `argv` as the pod's container would: in the pod's namespaces, with
+    /// exactly `env` (plus what a container runtime always sets).
+    pub fn pod_command(
+        &self,
+        p: &Pod,
+        argv: &[String],
+        path: &str,
+        env: &[(String, String)],
+    ) -> Command {
+        let mut cmd = Command::new("ip");
+        cmd.args([
+            "netns",
+            "exec",
+            &p.ns,
+            "unshare",
+            "--mount",
+            "--uts",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+        ])
+        .arg(&p.init)
+        .args(argv)
+        .env_clear()
+        .env("PATH", path)
+        .env("HOME", "/root")
+        .env("HOSTNAME", &p.plan.hostname);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Start a pod whose container is a daemon (sshd) and wait until it listens.
+    pub fn start_daemon(
+        &mut self,
+        idx: usize,
+        argv: &[String],
+        path: &str,
+        ready: &str,
+    ) -> Result<()> {
+        let p = &self.pods[idx];
+        let mut cmd = self.pod_command(p, argv, path, &[]);
+        let mut d = Daemon::spawn(&p.plan.hostname, &mut cmd)?;
+        let res = d.wait_for(ready, T);
+        self.daemons.push(d);
+        res
+    }
+
+    pub fn daemon_logs(&self) -> String {
+        self.daemons
+            .iter()
+            .map(|d| format!("--- {} ---\n{}", d.name, d.log()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Kill every process in our namespaces, delete the namespaces. Safe to call twice.
+    pub fn teardown(&mut self) -> Result<()> {
+        if self.torn_down {
+            return Ok(());
+        }
+        self.torn_down = true;
+        for d in &mut self.daemons {
+            d.stop();
+        }
+        self.daemons.clear();
+        let mut errors = Vec::new();
+        for ns in self.namespaces.iter().rev() {
+            if let Err(e) = remove_namespace(ns) {
+                errors.push(format!("{ns}: {e:#}"));
+            }
+        }
+        self.namespaces.clear();
+        if !errors.is_empty() {
+            bail!("cleanup of {} failed: {}", self.tag, errors.join("; "));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if let Err(e) = self.teardown() {
+            eprintln!("mpi_launchers: {e:#}");
+        }
+    }
+}
+
+fn nearest_existing_ancestor(p: &Path) -> Result<PathBuf> {
+    let mut cur = p.parent();
+    while let Some(c) = cur {
+        if c.is_dir() {
+            return Ok(c.to_path_buf());
+        }
+        cur = c.parent();
+    }
+    bail!("{} has no existing ancestor", p.display())
+}
+
+/// Kill the processes inside one of our namespaces (all of them were started by this test), then
+/// delete it.
+pub fn remove_namespace(ns: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let pids = proc::run(Command::new("ip").args(["netns", "pids", ns]), T)?;
+        let pids: Vec<&str> = pids.stdout.split_whitespace().collect();
+        if pids.is_empty() {
+            break;
+        }
+        if Instant::now() >= deadline {
+            bail!("processes {pids:?} survive in {ns}");
+        }
+        for pid in pids {
+            if pid.chars().all(|c| c.is_ascii_digit()) {
+                let _ = proc::run(Command::new("kill").args(["-KILL", pid]), T);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = proc::run(Command::new("ip").args(["netns", "del", ns]), T)?;
+    if !out.success() {
+        bail!("ip netns del {ns}: {}", out.stderr.trim());
+    }
+    Ok(())
+}
+
+/// Namespaces that an earlier run of this test left behind (its process is gone).
+pub fn stale_namespaces() -> Vec<String> {
+    let Ok(list) = proc::run(Command::new("ip").args(["netns", "list"]), T) else {
+        return Vec::new();
+    };
+    list.stdout
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| {
+            let Some(rest) = name.strip_prefix(NS_PREFIX) else {
+                return false;
+            };
+            let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            !pid.is_empty()
+                && rest[pid.len()..].starts_with('s')
+                && pid != std::process::id().to_string()
+                && !Path::new("/proc").join(&pid).exists()
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+/// What kubelet does for a Secret / ConfigMap volume: the items (or all keys) as files with the
+/// given modes, owned by root, in the `..data` layout (`<dir>/<path> -> ..data/<path>`,
+/// `..data -> ..<timestamp>`).
+fn materialize_volume(vol: &Value, rendered: &[Value], dir: &Path) -> Result<()> {
+    let (kind, source, obj_name) = if let Some(s) = vol.get("secret").filter(|s| !s.is_null()) {
+        ("Secret", s, s["secretName"].as_str())
+    } else if let Some(c) = vol.get("configMap").filter(|c| !c.is_null()) {
+        ("ConfigMap", c, c["name"].as_str())
+    } else {
+        bail!("only secret and configMap volumes are emulated, got {vol}");
+    };
+    let obj_name = obj_name.with_context(|| format!("{kind} volume without a name"))?;
+    let obj = product::find(rendered, kind, obj_name)?;
+    let default_mode = source["defaultMode"].as_u64().unwrap_or(0o644);
+    let items: Vec<(String, String, u64)> = match source["items"].as_array() {
+        Some(items) => items
+            .iter()
+            .map(|it| {
+                Ok((
+                    it["key"].as_str().context("item without key")?.to_string(),
+                    it["path"]
+                        .as_str()
+                        .context("item without path")?
+                        .to_string(),
+                    it["mode"].as_u64().unwrap_or(default_mode),
+                ))
+            })
+            .collect::<Result<_>>()?,
+        None => obj["data"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, _)| (k.clone(), k.clone(), default_mode))
+            .collect(),
+    };
+    let ts = dir.join("..2026_01_01_00_00_00.000000001");
+    std::fs::create_dir_all(&ts)?;
+    for (key, path, mode) in &items {
+        ensure!(
+            !path.contains("..") && !path.starts_with('/') && !path.contains('/'),
+            "item path {path} is not a plain file name"
+        );
+        let bytes = product::data_bytes(obj, key)?;
+        let mode = u32::try_from(*mode).context("mode out of range")?;
+        ensure!(
+            mode <= 0o777,
+            "item {path} has mode {mode:o}, more than 0777"
+        );
+        write_file(&ts.join(path), &bytes, mode)?;
+        std::os::unix::fs::symlink(Path::new("..data").join(path), dir.join(path))?;
+    }
+    std::os::unix::fs::symlink(ts.file_name().context("ts dir name")?, dir.join("..data"))?;
+    std::fs::set_permissions(&ts, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    Ok(())
+}

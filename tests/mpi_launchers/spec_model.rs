@@ -1,0 +1,182 @@
+//! Development stand-in for the product, selected with `MPI_LAUNCHERS_PRODUCT=spec`: the Secret,
+//! hostfile and JobSet changes written by hand from mpi-policy.md (sections C, D and Decision 5).
+//! It lets the harness be checked against the spec itself, so a failure can be told apart: the
+//! spec (or the environment) vs. the implementation. Never the default.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde_json::{Value, json};
+
+use crate::proc;
+use crate::product::{Inputs, Products};
+
+fn upsert(list: &mut Value, key: &str, item: Value) {
+    if !list.is_array() {
+        *list = json!([]);
+    }
+    let Some(arr) = list.as_array_mut() else {
+        return;
+    };
+    match arr.iter_mut().find(|x| x[key] == item[key]) {
+        Some(slot) => *slot = item,
+        None => arr.push(item),
+    }
+}
+
+pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
+    let tj = &inputs.trainjob;
+    let name = tj["metadata"]["name"].as_str().context("name")?;
+    let ns = tj["metadata"]["namespace"].as_str().context("namespace")?;
+    let mpi = &inputs.runtime["spec"]["mlPolicy"]["mpi"];
+    let slots = mpi["numProcPerNode"].as_u64().unwrap_or(1);
+    let imp = mpi["mpiImplementation"].as_str().unwrap_or("OpenMPI");
+    let lan = mpi["runLauncherAsNode"].as_bool().unwrap_or(false);
+    let mount = mpi["sshAuthMountPath"].as_str().unwrap_or("/root/.ssh");
+    let n = tj["spec"]["trainer"]["numNodes"].as_u64().unwrap_or(1);
+    let node_count = if lan { n.saturating_sub(1).max(1) } else { n };
+
+    // Keys: ECDSA P-521, SEC1 PEM ("EC PRIVATE KEY"), OpenSSH public line without comment.
+    let key = work.join("spec-key");
+    proc::run_ok(
+        Command::new("ssh-keygen")
+            .args([
+                "-q", "-t", "ecdsa", "-b", "521", "-m", "PEM", "-N", "", "-C", "", "-f",
+            ])
+            .arg(&key),
+        Duration::from_secs(30),
+    )?;
+    let private = std::fs::read(&key)?;
+    let public = format!(
+        "{}\n",
+        std::fs::read_to_string(key.with_extension("pub"))?.trim()
+    );
+    std::fs::remove_file(&key)?;
+    std::fs::remove_file(key.with_extension("pub"))?;
+
+    let mut hostfile = String::new();
+    let mut rjobs: Vec<(String, u64)> = Vec::new();
+    for rj in inputs.jobset["spec"]["replicatedJobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let rname = rj["name"].as_str().unwrap_or("");
+        let count = match rname {
+            "node" => node_count,
+            "launcher" if lan => rj["template"]["spec"]["parallelism"].as_u64().unwrap_or(1),
+            _ => continue,
+        };
+        rjobs.push((rname.to_string(), count));
+    }
+    for (rname, count) in &rjobs {
+        for p in 0..*count {
+            let host = format!("{name}-{rname}-0-{p}.{name}");
+            match imp {
+                "OpenMPI" => hostfile.push_str(&format!("{host} slots={slots}\n")),
+                _ => hostfile.push_str(&format!("{host}:{slots}\n")),
+            }
+        }
+    }
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": format!("{name}-mpi-ssh-auth"), "namespace": ns},
+        "type": "kubernetes.io/ssh-auth", "immutable": true,
+        "data": {"ssh-privatekey": B64.encode(&private), "ssh-publickey": B64.encode(public.as_bytes())},
+    });
+    let configmap = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": format!("{name}-mpi-hostfile"), "namespace": ns},
+        "data": {"hostfile": hostfile},
+    });
+
+    // Dev knob to try a different private-key mode than the spec's 0640.
+    let key_mode: u64 = std::env::var("MPI_LAUNCHERS_SPEC_PRIVATE_KEY_MODE")
+        .ok()
+        .and_then(|m| u64::from_str_radix(m.trim_start_matches("0o"), 8).ok())
+        .unwrap_or(0o640);
+    let ssh_vol = json!({"name": "mpi-ssh-auth", "secret": {
+    "secretName": format!("{name}-mpi-ssh-auth"), "defaultMode": 256,
+    "items": [
+        {"key": "ssh-privatekey", "path": "id_rsa", "mode": key_mode},
+        {"key": "ssh-publickey", "path": "id_rsa.pub", "mode": 420},
+        {"key": "ssh-publickey", "path": "authorized_keys", "mode": 420},
+    ]}});
+    let hf_vol = json!({"name": "mpi-hostfile", "configMap": {
+        "name": format!("{name}-mpi-hostfile"),
+        "items": [{"key": "hostfile", "path": "hostfile", "mode": 292}]}});
+    let s = slots.to_string();
+    let env: Vec<(&str, &str)> = match imp {
+        "OpenMPI" => vec![
+            ("OMPI_MCA_orte_default_hostfile", "/etc/mpi/hostfile"),
+            ("OMPI_MCA_orte_keep_fqdn_hostnames", "true"),
+            ("OMPI_MCA_orte_set_default_slots", &s),
+            ("OMPI_MCA_plm_rsh_args", "-o ConnectionAttempts=10"),
+            ("PRTE_MCA_prte_default_hostfile", "/etc/mpi/hostfile"),
+            ("PRTE_MCA_prte_keep_fqdn_hostnames", "false"),
+            ("PRTE_MCA_prte_set_default_slots", &s),
+            ("PRTE_MCA_plm_ssh_args", "-o ConnectionAttempts=10"),
+        ],
+        "Intel" => vec![
+            ("I_MPI_HYDRA_HOST_FILE", "/etc/mpi/hostfile"),
+            (
+                "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS",
+                "-o ConnectionAttempts=10",
+            ),
+            ("I_MPI_PERHOST", &s),
+        ],
+        _ => vec![
+            ("HYDRA_HOST_FILE", "/etc/mpi/hostfile"),
+            ("HYDRA_LAUNCHER_EXTRA_ARGS", "-o ConnectionAttempts=10"),
+        ],
+    };
+
+    let mut jobset = inputs.jobset.clone();
+    for rj in jobset["spec"]["replicatedJobs"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        let rname = rj["name"].as_str().unwrap_or("").to_string();
+        if rname != "node" && rname != "launcher" {
+            continue;
+        }
+        if rname == "node" {
+            rj["template"]["spec"]["parallelism"] = json!(node_count);
+            rj["template"]["spec"]["completions"] = json!(node_count);
+        }
+        let pod = &mut rj["template"]["spec"]["template"]["spec"];
+        upsert(&mut pod["volumes"], "name", ssh_vol.clone());
+        if rname == "launcher" {
+            upsert(&mut pod["volumes"], "name", hf_vol.clone());
+        }
+        for c in pod["containers"].as_array_mut().into_iter().flatten() {
+            if c["name"] != "node" {
+                continue;
+            }
+            upsert(
+                &mut c["volumeMounts"],
+                "mountPath",
+                json!({"name": "mpi-ssh-auth", "mountPath": mount}),
+            );
+            if rname == "launcher" {
+                upsert(
+                    &mut c["volumeMounts"],
+                    "mountPath",
+                    json!({"name": "mpi-hostfile", "mountPath": "/etc/mpi"}),
+                );
+                for (k, v) in &env {
+                    upsert(&mut c["env"], "name", json!({"name": k, "value": v}));
+                }
+            }
+        }
+    }
+    Ok(Products {
+        rendered: vec![secret, configmap],
+        jobset,
+    })
+}
