@@ -7,9 +7,15 @@
 pub mod admission;
 pub mod api;
 pub mod api_calls;
+pub mod certs;
 pub mod cli;
 pub mod field_error;
+pub mod metrics;
 pub mod mpi;
 pub mod objects;
 pub mod offline;
+pub mod reload;
 pub mod render;
+pub mod serve;
+pub mod server;
+pub mod tls;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use anyhow::Result;
 use clap::Parser;
 use mpi_webhook::cli::{Cli, Command};
-use mpi_webhook::offline;
+use mpi_webhook::{certs, offline, serve, tls};
 
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -20,6 +20,7 @@ fn init_tracing() {
 async fn main() -> Result<ExitCode> {
     let cli = Cli::parse();
     init_tracing();
+    tls::install_crypto_provider();
     match cli.command {
         Command::Review(args) => {
             println!("{}", offline::review(&args).await?);
@@ -37,7 +38,15 @@ async fn main() -> Result<ExitCode> {
                 ExitCode::FAILURE
             })
         }
-        Command::Serve(_) | Command::Reconcile(_) | Command::Certs(_) => {
+        Command::Serve(args) => {
+            serve::run(args).await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Certs(args) => {
+            println!("{}", certs::run(&args)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Reconcile(_) => {
             anyhow::bail!("not implemented yet")
         }
     }

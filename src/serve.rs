@@ -1,0 +1,459 @@
+//! `mpi-webhook serve`: choosing the object source and the certificate, binding the HTTPS and
+//! metrics listeners, the accept loop, and graceful shutdown.
+//!
+//! The accept loop is tokio-rustls + hyper-util directly (no axum-server): the certificate comes
+//! from a [`ReloadingCert`] resolver, so a reload is one pointer swap and never touches the
+//! listener; connections are tracked by hyper-util's `GracefulShutdown`, so shutdown stops
+//! accepting, lets in-flight requests finish (closing idle keep-alive connections at once), and
+//! gives up after a bound.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+
+use crate::certs::{self, CertsError};
+use crate::cli::ServeArgs;
+use crate::metrics::Metrics;
+use crate::objects::{LoadError, ObjectSource, Snapshot};
+use crate::reload::{DirReloader, LiveSnapshot, supervise};
+use crate::server::{self, AppState, Readiness};
+use crate::tls::{self, CertReloader, ReloadOutcome, ReloadingCert, TlsError, TlsFiles};
+
+/// A TLS handshake that takes longer than this is dropped (slow or stuck clients).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// An HTTP/1 client that sends no complete request headers for this long is disconnected.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `serve` failed to start or to shut down cleanly.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A given certificate or key file does not exist (never silently replaced by dev certs).
+    #[error("{flag} {path}: no such file")]
+    MissingFile {
+        /// The flag that named it.
+        flag: &'static str,
+        /// The path.
+        path: PathBuf,
+    },
+    /// The certificate could not be loaded.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    /// The dev certificate could not be created.
+    #[error(transparent)]
+    Certs(#[from] CertsError),
+    /// `--objects-dir` is not a readable directory.
+    #[error("--objects-dir {path}: {source}")]
+    ObjectsDir {
+        /// The directory.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The embedded runtimes do not load (a build of a broken tree).
+    #[error("loading the shipped runtimes: {0}")]
+    Shipped(#[source] LoadError),
+    /// A cluster configuration exists but the cluster object source is not available.
+    #[error(
+        "a Kubernetes configuration was found ({0}) but this build cannot read objects from the cluster yet; pass --objects-dir DIR"
+    )]
+    ClusterSourceUnavailable(String),
+    /// A listener could not be bound.
+    #[error("binding {what} on {addr}: {source}")]
+    Bind {
+        /// Which listener.
+        what: &'static str,
+        /// The address.
+        addr: SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Waiting for the SIGTERM / SIGINT handlers failed.
+    #[error("installing the signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// Everything `serve` needs besides the object source; built from [`ServeArgs`] by [`run`],
+/// or directly by tests.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// HTTPS listener address (port 0 picks a free port).
+    pub listen: SocketAddr,
+    /// Plain-HTTP metrics listener address.
+    pub metrics_listen: SocketAddr,
+    /// The serving certificate files.
+    pub tls: TlsFiles,
+    /// How often the certificate files are checked for changes.
+    pub tls_poll_interval: Duration,
+    /// How often `--objects-dir` is checked for changes.
+    pub objects_poll_interval: Duration,
+    /// How long shutdown waits for in-flight requests.
+    pub shutdown_grace: Duration,
+}
+
+impl ServeOptions {
+    /// Default poll interval of the certificate files and `--objects-dir`.
+    pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
+    /// Default bound on draining at shutdown: the apiserver's default webhook timeout, after
+    /// which it has given up on the request anyway.
+    pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+    /// Options with the default intervals.
+    pub fn new(listen: SocketAddr, metrics_listen: SocketAddr, tls: TlsFiles) -> Self {
+        Self {
+            listen,
+            metrics_listen,
+            tls,
+            tls_poll_interval: Self::DEFAULT_POLL_INTERVAL,
+            objects_poll_interval: Self::DEFAULT_POLL_INTERVAL,
+            shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
+        }
+    }
+}
+
+/// Where `serve` reads TrainJobs and runtimes from (interface.md "Where objects come from").
+#[derive(Debug)]
+pub enum ServeObjects {
+    /// `--objects-dir DIR`, reloaded on change.
+    Dir(PathBuf),
+    /// The cluster's API server (kubeconfig or in-cluster configuration).
+    Cluster(Box<kube::Config>),
+    /// Neither: the runtimes shipped in `manifests/runtimes/`, embedded in the binary.
+    Shipped,
+}
+
+/// **The one place where `serve` picks its object source**: `--objects-dir` if given, else the
+/// cluster if a configuration can be inferred, else the shipped runtimes.
+pub async fn objects_for_serve(args: &ServeArgs) -> ServeObjects {
+    if let Some(dir) = &args.objects_dir {
+        return ServeObjects::Dir(dir.clone());
+    }
+    match kube::Config::infer().await {
+        Ok(config) => ServeObjects::Cluster(Box::new(config)),
+        Err(e) => {
+            tracing::debug!(error = %e, "no Kubernetes configuration");
+            ServeObjects::Shipped
+        }
+    }
+}
+
+/// The certificate files from the flags, or the dev certificate under `certs/`.
+///
+/// # Errors
+/// [`ServeError::MissingFile`] for a given path that does not exist; [`ServeError::Certs`] if the
+/// dev certificate cannot be written.
+pub fn tls_files(args: &ServeArgs) -> Result<TlsFiles, ServeError> {
+    match (&args.tls_cert_file, &args.tls_key_file) {
+        (Some(cert), Some(key)) => {
+            for (flag, path) in [("--tls-cert-file", cert), ("--tls-key-file", key)] {
+                if !path.exists() {
+                    return Err(ServeError::MissingFile {
+                        flag,
+                        path: path.clone(),
+                    });
+                }
+            }
+            Ok(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+            })
+        }
+        // clap makes the two flags require each other; only "neither" is left.
+        _ => Ok(certs::dev_certs(Path::new(certs::DEV_CERTS_DIR))?),
+    }
+}
+
+/// Runs `serve` until SIGTERM or SIGINT, then shuts down gracefully.
+///
+/// # Errors
+/// [`ServeError`] when startup fails.
+pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
+    let options = ServeOptions::new(args.listen, args.metrics_listen, tls_files(&args)?);
+    let objects = objects_for_serve(&args).await;
+    let running = start(options, objects).await?;
+    shutdown_signal().await?;
+    tracing::info!("shutdown signal received; draining");
+    running.shutdown().await;
+    Ok(())
+}
+
+/// Starts serving with the objects from `objects` (see [`objects_for_serve`]).
+///
+/// # Errors
+/// [`ServeError`] when the objects, the certificate or a listener cannot be set up.
+pub async fn start(options: ServeOptions, objects: ServeObjects) -> Result<Running, ServeError> {
+    let readiness = Readiness::new();
+    let metrics = Arc::new(Metrics::new());
+    let live = Arc::new(LiveSnapshot::default());
+    let mut tasks = Vec::new();
+    match objects {
+        ServeObjects::Dir(dir) => {
+            if let Err(source) = std::fs::read_dir(&dir) {
+                return Err(ServeError::ObjectsDir { path: dir, source });
+            }
+            tracing::info!(dir = %dir.display(), "reading objects from --objects-dir");
+            let mut reloader =
+                DirReloader::new(dir, Arc::clone(&live), readiness.clone(), metrics.clone());
+            // First load before serving, so a good directory is ready at once; a broken one
+            // leaves /readyz at 503 until a fixed version is seen.
+            reloader.check().await;
+            let interval = options.objects_poll_interval;
+            let reloader = Arc::new(tokio::sync::Mutex::new(reloader));
+            tasks.push(supervise(
+                "objects-dir-reload",
+                metrics.clone(),
+                move || {
+                    let reloader = Arc::clone(&reloader);
+                    async move {
+                        let mut ticker = tokio::time::interval(interval);
+                        ticker.tick().await;
+                        loop {
+                            ticker.tick().await;
+                            reloader.lock().await.check().await;
+                        }
+                    }
+                },
+            ));
+        }
+        ServeObjects::Shipped => {
+            let snapshot = Snapshot::shipped_runtimes().map_err(ServeError::Shipped)?;
+            tracing::info!(
+                runtimes = snapshot.len(),
+                "no --objects-dir and no Kubernetes configuration: serving with the shipped runtimes (manifests/runtimes/) only"
+            );
+            live.store(snapshot);
+            readiness.set_objects_loaded();
+        }
+        ServeObjects::Cluster(config) => {
+            // Issue 4 wires the watch-backed cluster source in here (it sets `readiness` after
+            // its initial sync and is passed to `start_with` instead of `live`).
+            return Err(ServeError::ClusterSourceUnavailable(
+                config.cluster_url.to_string(),
+            ));
+        }
+    }
+    let mut running = start_with(options, live, readiness, metrics).await?;
+    running.tasks.extend(tasks);
+    Ok(running)
+}
+
+/// Starts serving with any object source. The caller sets `readiness` once `objects` is
+/// loaded; this function marks the listener bound.
+///
+/// # Errors
+/// [`ServeError`] when the certificate or a listener cannot be set up.
+pub async fn start_with<S: ObjectSource + 'static>(
+    options: ServeOptions,
+    objects: Arc<S>,
+    readiness: Readiness,
+    metrics: Arc<Metrics>,
+) -> Result<Running, ServeError> {
+    let resolver = Arc::new(ReloadingCert::new(tls::load_pair(&options.tls).await?));
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(Arc::clone(&resolver))?));
+    let bind = |what, addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServeError::Bind { what, addr, source })
+    };
+    let https = bind("the HTTPS listener", options.listen).await?;
+    let metrics_listener = bind("the metrics listener", options.metrics_listen).await?;
+    let local = |l: &TcpListener, what, addr| {
+        l.local_addr()
+            .map_err(|source| ServeError::Bind { what, addr, source })
+    };
+    let https_addr = local(&https, "the HTTPS listener", options.listen)?;
+    let metrics_addr = local(
+        &metrics_listener,
+        "the metrics listener",
+        options.metrics_listen,
+    )?;
+
+    let mut tasks = vec![spawn_cert_reloader(&options, resolver, metrics.clone())];
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let metrics_router = crate::metrics::router(metrics.clone());
+    let mut metrics_shutdown = shutdown_rx.clone();
+    tasks.push(tokio::spawn(async move {
+        let server =
+            axum::serve(metrics_listener, metrics_router).with_graceful_shutdown(async move {
+                stop_requested(&mut metrics_shutdown).await;
+            });
+        if let Err(e) = server.await {
+            tracing::error!(error = %e, "metrics listener failed");
+        }
+    }));
+    let state = Arc::new(AppState {
+        objects,
+        readiness: readiness.clone(),
+        metrics,
+    });
+    let router = server::router(state);
+    let grace = options.shutdown_grace;
+    let accept = tokio::spawn(accept_loop(https, acceptor, router, shutdown_rx, grace));
+    readiness.set_listening();
+    tracing::info!(%https_addr, %metrics_addr, "listening (HTTPS admission, plain-HTTP /metrics)");
+    Ok(Running {
+        https_addr,
+        metrics_addr,
+        readiness,
+        shutdown_tx,
+        accept,
+        tasks,
+    })
+}
+
+fn spawn_cert_reloader(
+    options: &ServeOptions,
+    resolver: Arc<ReloadingCert>,
+    metrics: Arc<Metrics>,
+) -> JoinHandle<()> {
+    let files = options.tls.clone();
+    let interval = options.tls_poll_interval;
+    supervise("tls-reload", metrics.clone(), move || {
+        let reloader = CertReloader::new(files.clone(), Arc::clone(&resolver));
+        let metrics = metrics.clone();
+        reloader.run(interval, move |outcome| match outcome {
+            ReloadOutcome::Unchanged => {}
+            ReloadOutcome::Reloaded => metrics.tls_reload("reloaded"),
+            ReloadOutcome::Failed(_) => metrics.tls_reload("failed"),
+        })
+    })
+}
+
+/// A started server.
+#[derive(Debug)]
+pub struct Running {
+    https_addr: SocketAddr,
+    metrics_addr: SocketAddr,
+    readiness: Readiness,
+    shutdown_tx: watch::Sender<bool>,
+    accept: JoinHandle<()>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Running {
+    /// The bound HTTPS address.
+    pub fn https_addr(&self) -> SocketAddr {
+        self.https_addr
+    }
+
+    /// The bound metrics address.
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
+    /// Graceful shutdown: report not ready, stop accepting, let in-flight requests finish
+    /// (bounded by the shutdown grace), stop the background tasks.
+    pub async fn shutdown(self) {
+        self.readiness.set_draining();
+        let _ = self.shutdown_tx.send(true);
+        if let Err(e) = self.accept.await {
+            tracing::error!(error = %e, "the accept loop failed");
+        }
+        for task in self.tasks {
+            task.abort();
+        }
+        tracing::info!("shut down");
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    router: Router,
+    mut shutdown: watch::Receiver<bool>,
+    grace: Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let builder = Arc::new(builder);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    // E.g. out of file descriptors: back off instead of spinning or exiting.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = stop_requested(&mut shutdown) => break,
+        };
+        let watcher = graceful.watcher();
+        let acceptor = acceptor.clone();
+        let router = router.clone();
+        let builder = Arc::clone(&builder);
+        tokio::spawn(async move {
+            let _ = tcp.set_nodelay(true);
+            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => {
+                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!(%peer, "TLS handshake timed out");
+                    return;
+                }
+            };
+            let service = TowerToHyperService::new(router);
+            let connection = builder.serve_connection(TokioIo::new(tls), service);
+            if let Err(e) = watcher.watch(connection).await {
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    let open = graceful.count();
+    tracing::info!(
+        connections = open,
+        "stopped accepting; waiting for in-flight requests"
+    );
+    if tokio::time::timeout(grace, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace_seconds = grace.as_secs_f64(),
+            "in-flight requests did not finish within the shutdown grace; closing them"
+        );
+    }
+}
+
+/// Resolves once `true` is sent (or the sender is gone).
+async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
+    // The returned guard is dropped here, so callers' futures stay Send.
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Resolves on SIGTERM or SIGINT.
+///
+/// # Errors
+/// [`ServeError::Signal`] if the handlers cannot be installed.
+pub async fn shutdown_signal() -> Result<(), ServeError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    Ok(())
+}

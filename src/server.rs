@@ -1,0 +1,463 @@
+//! The HTTPS router of `serve`: the four admission routes, `/healthz` and `/readyz`. Handlers are
+//! thin: read the body (bounded in size and time), call [`admission::review`], record one span,
+//! one log event and the metrics, and answer.
+//!
+//! Outcomes: a review answered (allowed, patched or denied) is HTTP 200; a body that is not an
+//! AdmissionReview is 400 with a JSON `{"code", "message"}`; a body over 7 MiB is 413; an internal
+//! failure or an expired deadline is a 200 *denial* with a generic message and the request's uid
+//! (fail closed), with the details in the log.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use kube::core::Status;
+use kube::core::admission::AdmissionResponse;
+use tracing::Instrument;
+use tracing::field::Empty;
+
+use crate::admission::{self, Reviewed, Route};
+use crate::metrics::{Metrics, Outcome};
+use crate::objects::ObjectSource;
+
+/// Largest accepted request body: 7 MiB, the limit controller-runtime uses.
+pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+/// The apiserver's default webhook timeout, used when a request carries no `?timeout=`.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The longest webhook timeout the apiserver allows; larger `?timeout=` values are capped.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Readiness of `serve`: ready once the object source is loaded (or synced) and the TLS listener
+/// is bound, until shutdown starts. Cheap to clone; any object source can drive it.
+#[derive(Debug, Clone, Default)]
+pub struct Readiness(Arc<ReadinessFlags>);
+
+#[derive(Debug, Default)]
+struct ReadinessFlags {
+    objects: AtomicBool,
+    listening: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    /// Not ready.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The object source finished its first load (or initial sync).
+    pub fn set_objects_loaded(&self) {
+        self.0.objects.store(true, Ordering::Release);
+    }
+
+    /// The TLS listener is bound and accepting.
+    pub fn set_listening(&self) {
+        self.0.listening.store(true, Ordering::Release);
+    }
+
+    /// Shutdown started: report not ready so no new traffic is routed here.
+    pub fn set_draining(&self) {
+        self.0.draining.store(true, Ordering::Release);
+    }
+
+    /// `Ok` when ready, else what is missing.
+    ///
+    /// # Errors
+    /// A short reason for the 503 body.
+    pub fn check(&self) -> Result<(), &'static str> {
+        if self.0.draining.load(Ordering::Acquire) {
+            Err("shutting down")
+        } else if !self.0.objects.load(Ordering::Acquire) {
+            Err("objects not loaded yet")
+        } else if !self.0.listening.load(Ordering::Acquire) {
+            Err("TLS listener not bound yet")
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// What the handlers share.
+pub struct AppState<S> {
+    /// Where TrainJobs and runtimes are looked up.
+    pub objects: Arc<S>,
+    /// Readiness for `/readyz`.
+    pub readiness: Readiness,
+    /// Request metrics.
+    pub metrics: Arc<Metrics>,
+}
+
+impl<S> std::fmt::Debug for AppState<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("readiness", &self.readiness)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The HTTPS router: one POST route per [`Route`], `GET /healthz`, `GET /readyz`.
+pub fn router<S: ObjectSource + 'static>(state: Arc<AppState<S>>) -> Router {
+    let mut router = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz::<S>));
+    for route in Route::ALL {
+        router = router.route(
+            route.path(),
+            post(
+                move |State(state): State<Arc<AppState<S>>>, request: Request| {
+                    admit(route, state, request)
+                },
+            ),
+        );
+    }
+    router.with_state(state)
+}
+
+async fn readyz<S: ObjectSource + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
+    let status = state.readiness.check();
+    state.metrics.set_ready(status.is_ok());
+    match status {
+        Ok(()) => "ok".into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason).into_response(),
+    }
+}
+
+/// An HTTP-level error answer: `{"code": <status>, "message": ...}`.
+struct ApiError {
+    status: StatusCode,
+    outcome: Outcome,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, outcome: Outcome, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            outcome,
+            message: message.into(),
+        }
+    }
+
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.status.as_u16(), "message": self.message });
+        (
+            self.status,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response()
+    }
+}
+
+/// What a handler produced, before it is recorded and sent.
+enum Answer {
+    Reviewed(Reviewed),
+    /// A fail-closed denial built by the server (deadline expired).
+    TimedOut {
+        uid: String,
+    },
+    Error(ApiError),
+}
+
+async fn admit<S: ObjectSource + 'static>(
+    route: Route,
+    state: Arc<AppState<S>>,
+    request: Request,
+) -> Response {
+    let started = Instant::now();
+    let span = tracing::info_span!(
+        "admission",
+        route = route.name(),
+        uid = Empty,
+        kind = Empty,
+        namespace = Empty,
+        name = Empty,
+        operation = Empty,
+        allowed = Empty,
+        patched = Empty,
+        duration_ms = Empty,
+    );
+    async move {
+        let budget = deadline(request.uri().query());
+        let answer = answer(route, &state, request, started + budget).await;
+        finish(route, &state.metrics, answer, started)
+    }
+    .instrument(span)
+    .await
+}
+
+async fn answer<S: ObjectSource>(
+    route: Route,
+    state: &AppState<S>,
+    request: Request,
+    deadline: Instant,
+) -> Answer {
+    let body = match read_body(request, deadline).await {
+        Ok(body) => body,
+        Err(e) => return Answer::Error(e),
+    };
+    let deadline = tokio::time::Instant::from_std(deadline);
+    match tokio::time::timeout_at(deadline, admission::review(route, &body, &*state.objects)).await
+    {
+        Ok(Ok(reviewed)) => Answer::Reviewed(reviewed),
+        Ok(Err(bad)) => Answer::Error(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            Outcome::BadRequest,
+            bad.0,
+        )),
+        // Fail closed: the apiserver would otherwise apply failurePolicy to a timeout anyway; a
+        // denial that says why, sent before its deadline, is the more useful answer.
+        Err(_) => Answer::TimedOut { uid: uid_of(&body) },
+    }
+}
+
+async fn read_body(request: Request, deadline: Instant) -> Result<Bytes, ApiError> {
+    let too_large = || {
+        ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Outcome::TooLarge,
+            format!("request body is larger than {MAX_BODY_BYTES} bytes"),
+        )
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+        return Err(too_large());
+    }
+    let body = Limited::new(request.into_body(), MAX_BODY_BYTES);
+    let deadline = tokio::time::Instant::from_std(deadline);
+    match tokio::time::timeout_at(deadline, body.collect()).await {
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
+        Ok(Err(e)) => Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            Outcome::BadRequest,
+            format!("reading the request body failed: {e}"),
+        )),
+        Err(_) => Err(ApiError::new(
+            StatusCode::REQUEST_TIMEOUT,
+            Outcome::Timeout,
+            "the request body did not arrive before the deadline",
+        )),
+    }
+}
+
+/// The request uid, read leniently (only needed when the deadline expired mid-review).
+fn uid_of(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Review {
+        request: Req,
+    }
+    #[derive(serde::Deserialize)]
+    struct Req {
+        #[serde(default)]
+        uid: String,
+    }
+    serde_json::from_slice::<Review>(body)
+        .map(|r| r.request.uid)
+        .unwrap_or_default()
+}
+
+/// Message of the fail-closed denial sent when the deadline expires.
+pub const TIMEOUT_MESSAGE: &str =
+    "mpi-webhook could not evaluate this request before its deadline; retry";
+
+fn denial_body(uid: String, message: &str) -> Vec<u8> {
+    let mut response = AdmissionResponse::invalid(message);
+    response.uid = uid;
+    response.result = Status::failure(message, "Forbidden").with_code(403);
+    // Serializing these plain types cannot fail; the literal is a last resort that still denies.
+    serde_json::to_vec(&response.into_review()).unwrap_or_else(|_| {
+        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#.to_vec()
+    })
+}
+
+fn json_response(body: Vec<u8>) -> Response {
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+/// Records the answer on the span, in the log and in the metrics, and turns it into a response.
+fn finish(route: Route, metrics: &Metrics, answer: Answer, started: Instant) -> Response {
+    let span = tracing::Span::current();
+    let elapsed = started.elapsed();
+    span.record("duration_ms", elapsed.as_secs_f64() * 1000.0);
+    let (outcome, patch_operations, response) = match answer {
+        Answer::Reviewed(reviewed) => reviewed_response(reviewed),
+        Answer::TimedOut { uid } => {
+            span.record("uid", uid.as_str());
+            span.record("allowed", false);
+            tracing::error!(
+                "deadline expired before the review was evaluated; denied (fail closed)"
+            );
+            (
+                Outcome::Timeout,
+                0,
+                json_response(denial_body(uid, TIMEOUT_MESSAGE)),
+            )
+        }
+        Answer::Error(e) => {
+            tracing::info!(status = e.status.as_u16(), error = %e.message, "request rejected");
+            (e.outcome, 0, e.into_response())
+        }
+    };
+    metrics.observe_request(
+        route.name(),
+        outcome,
+        elapsed.as_secs_f64(),
+        patch_operations,
+    );
+    response
+}
+
+fn reviewed_response(reviewed: Reviewed) -> (Outcome, usize, Response) {
+    let Reviewed { review, summary } = reviewed;
+    let span = tracing::Span::current();
+    span.record("uid", summary.uid.as_str());
+    span.record("kind", summary.kind.as_str());
+    span.record("namespace", summary.namespace.as_str());
+    span.record("name", summary.name.as_str());
+    span.record("operation", summary.operation.as_str());
+    span.record("allowed", summary.allowed);
+    span.record("patched", summary.patch_operations > 0);
+    let body = match serde_json::to_vec(&review) {
+        Ok(body) => body,
+        Err(e) => {
+            tracing::error!(error = %e, "serializing the response failed; denied (fail closed)");
+            let body = denial_body(summary.uid, admission::INTERNAL_ERROR_MESSAGE);
+            return (Outcome::Error, 0, json_response(body));
+        }
+    };
+    let outcome = if let Some(error) = &summary.internal_error {
+        tracing::error!(%error, "internal error; denied (fail closed)");
+        Outcome::Error
+    } else if !summary.allowed {
+        tracing::info!(message = denial_message(&review), "denied");
+        Outcome::Denied
+    } else if summary.patch_operations > 0 {
+        tracing::info!(operations = summary.patch_operations, "patched");
+        Outcome::Patched
+    } else {
+        tracing::debug!("allowed");
+        Outcome::Allowed
+    };
+    (outcome, summary.patch_operations, json_response(body))
+}
+
+fn denial_message(review: &serde_json::Value) -> &str {
+    review
+        .pointer("/response/status/message")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+}
+
+/// The time budget of a request: the apiserver's `?timeout=` (a Go duration such as `10s`,
+/// capped at 30 s; 10 s when absent or unreadable) minus a margin for the response to travel
+/// back: a tenth of the timeout, at least 5 ms and at most 1 s.
+pub fn deadline(query: Option<&str>) -> Duration {
+    let timeout = query
+        .into_iter()
+        .flat_map(|q| q.split('&'))
+        .find_map(|pair| pair.strip_prefix("timeout="))
+        .and_then(parse_go_duration)
+        .unwrap_or(DEFAULT_TIMEOUT)
+        .min(MAX_TIMEOUT);
+    let margin = (timeout / 10).clamp(Duration::from_millis(5), Duration::from_secs(1));
+    timeout.saturating_sub(margin)
+}
+
+/// Parses a Go `time.Duration` string (`10s`, `500ms`, `1m30s`, `1.5s`, `250us`). Negative,
+/// empty or malformed input is `None`.
+pub fn parse_go_duration(text: &str) -> Option<Duration> {
+    let text = text.trim();
+    if text.is_empty() || text.starts_with('-') {
+        return None;
+    }
+    let mut rest = text.strip_prefix('+').unwrap_or(text);
+    if rest == "0" {
+        return Some(Duration::ZERO);
+    }
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_len = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number: f64 = rest[..number_len].parse().ok()?;
+        rest = &rest[number_len..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(rest.len());
+        let seconds_per_unit = match &rest[..unit_len] {
+            "ns" => 1e-9,
+            "us" | "µs" | "μs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            _ => return None,
+        };
+        rest = &rest[unit_len..];
+        total += number * seconds_per_unit;
+    }
+    Duration::try_from_secs_f64(total).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn go_durations() {
+        let ms = Duration::from_millis;
+        assert_eq!(parse_go_duration("10s"), Some(ms(10_000)));
+        assert_eq!(parse_go_duration("500ms"), Some(ms(500)));
+        assert_eq!(parse_go_duration("1m30s"), Some(ms(90_000)));
+        assert_eq!(parse_go_duration("1.5s"), Some(ms(1_500)));
+        assert_eq!(parse_go_duration("250us"), Some(Duration::from_micros(250)));
+        assert_eq!(parse_go_duration("0"), Some(Duration::ZERO));
+        for bad in ["", "10", "-1s", "1x", "s", "1..2s", "abc"] {
+            assert_eq!(parse_go_duration(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn deadlines_keep_a_margin() {
+        let ms = Duration::from_millis;
+        assert_eq!(deadline(Some("timeout=10s")), ms(9_000));
+        assert_eq!(deadline(Some("timeout=2s")), ms(1_800));
+        assert_eq!(deadline(Some("a=b&timeout=30s")), ms(29_000));
+        assert_eq!(deadline(Some("timeout=5m")), ms(29_000));
+        assert_eq!(deadline(Some("timeout=20ms")), ms(15));
+        assert_eq!(deadline(None), ms(9_000));
+        assert_eq!(deadline(Some("timeout=bogus")), ms(9_000));
+    }
+
+    #[test]
+    fn uid_is_read_leniently() {
+        assert_eq!(uid_of(br#"{"request":{"uid":"u1","x":1}}"#), "u1");
+        assert_eq!(uid_of(b"not json"), "");
+    }
+
+    #[test]
+    fn readiness_needs_objects_and_listener() {
+        let r = Readiness::new();
+        assert!(r.check().is_err());
+        r.set_objects_loaded();
+        assert!(r.check().is_err());
+        r.set_listening();
+        assert_eq!(r.check(), Ok(()));
+        r.set_draining();
+        assert_eq!(r.check(), Err("shutting down"));
+    }
+}

@@ -1,0 +1,324 @@
+//! TLS for `serve`: PEM loading, a rustls server configuration (TLS 1.2 and 1.3 only, the `ring`
+//! provider) and a serving certificate that is swapped without a restart when its files change.
+//!
+//! Reloading polls the *content* of the two files rather than watching paths: a Kubernetes Secret
+//! volume updates by an atomic rename of its `..data` symlink, which path watchers miss. A new
+//! pair is switched in only when both files parse and the key matches the certificate; otherwise
+//! the old pair keeps being served and the problem is logged once per distinct file content.
+//! Key material is never logged: errors name the file and the kind of problem only.
+
+use std::collections::hash_map::DefaultHasher;
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rustls::ServerConfig;
+use rustls::crypto::CryptoProvider;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+
+/// Installs `ring` as the process-wide rustls provider.
+///
+/// kube pulls in `ring`; other crates could pull in a second provider, and rustls panics when it
+/// must pick a default among several. Idempotent: a provider already installed is kept.
+pub fn install_crypto_provider() {
+    // An Err only means a provider is already installed (e.g. a second test in one process).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The provider every config of this crate is built with (never the implicit default).
+pub fn crypto_provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Loading or using the serving certificate failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    /// A file could not be read.
+    #[error("reading {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file holds no usable PEM section of the expected type.
+    #[error("{path}: {problem}")]
+    Pem {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (never the content).
+        problem: String,
+    },
+    /// The key does not belong to the certificate, or is of an unsupported type.
+    #[error("{key} does not fit {cert}: {problem}")]
+    Pair {
+        /// The certificate file.
+        cert: PathBuf,
+        /// The key file.
+        key: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
+    /// rustls refused the configuration.
+    #[error("building the TLS configuration: {0}")]
+    Config(#[source] rustls::Error),
+}
+
+/// The certificate (chain) and key files of the serving certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+}
+
+/// A parsed, matching certificate and key, with a fingerprint of the file content it came from.
+#[derive(Clone)]
+pub struct LoadedPair {
+    key: Arc<CertifiedKey>,
+    fingerprint: u64,
+}
+
+impl fmt::Debug for LoadedPair {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the key.
+        f.debug_struct("LoadedPair")
+            .field("chain_len", &self.key.cert.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LoadedPair {
+    /// The leaf certificate (DER), e.g. for tests that compare what is served.
+    pub fn leaf(&self) -> Option<&CertificateDer<'static>> {
+        self.key.cert.first()
+    }
+}
+
+/// The bytes of both files (read as close together as possible).
+struct PairBytes {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+}
+
+impl PairBytes {
+    async fn read(files: &TlsFiles) -> Result<Self, TlsError> {
+        let read = |path: &Path| {
+            let path = path.to_path_buf();
+            async move {
+                tokio::fs::read(&path)
+                    .await
+                    .map_err(|source| TlsError::Read { path, source })
+            }
+        };
+        Ok(Self {
+            cert: read(&files.cert).await?,
+            key: read(&files.key).await?,
+        })
+    }
+
+    fn fingerprint(&self) -> u64 {
+        let mut hasher = DefaultHasher::new();
+        self.cert.hash(&mut hasher);
+        self.key.hash(&mut hasher);
+        hasher.finish()
+    }
+
+    fn parse(&self, files: &TlsFiles) -> Result<LoadedPair, TlsError> {
+        let pem_error = |path: &Path, problem: String| TlsError::Pem {
+            path: path.to_path_buf(),
+            problem,
+        };
+        let chain = CertificateDer::pem_slice_iter(&self.cert)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| pem_error(&files.cert, format!("not a PEM certificate chain ({e})")))?;
+        if chain.is_empty() {
+            return Err(pem_error(&files.cert, "no CERTIFICATE section".into()));
+        }
+        // Only the error's kind is reported for the key file, never its content.
+        let key = PrivateKeyDer::from_pem_slice(&self.key).map_err(|e| {
+            pem_error(
+                &files.key,
+                format!("no PEM private key ({})", pem_error_kind(&e)),
+            )
+        })?;
+        let pair_error = |problem: String| TlsError::Pair {
+            cert: files.cert.clone(),
+            key: files.key.clone(),
+            problem,
+        };
+        let signing_key = crypto_provider()
+            .key_provider
+            .load_private_key(key)
+            .map_err(|e| pair_error(format!("unsupported private key: {e}")))?;
+        let certified = CertifiedKey::new(chain, signing_key);
+        certified
+            .keys_match()
+            .map_err(|e| pair_error(format!("{e}")))?;
+        Ok(LoadedPair {
+            key: Arc::new(certified),
+            fingerprint: self.fingerprint(),
+        })
+    }
+}
+
+fn pem_error_kind(e: &rustls::pki_types::pem::Error) -> &'static str {
+    use rustls::pki_types::pem::Error;
+    match e {
+        Error::NoItemsFound => "no PRIVATE KEY section",
+        Error::MissingSectionEnd { .. } => "a section has no END line",
+        Error::IllegalSectionStart { .. } => "malformed BEGIN line",
+        Error::Base64Decode(_) => "invalid base64",
+        Error::Io(_) => "read error",
+        _ => "malformed PEM",
+    }
+}
+
+/// Reads and parses both files.
+///
+/// # Errors
+/// [`TlsError`] naming the file and the problem.
+pub async fn load_pair(files: &TlsFiles) -> Result<LoadedPair, TlsError> {
+    PairBytes::read(files).await?.parse(files)
+}
+
+/// The certificate resolver of the server: hands out whatever pair is current. Lock-free reads.
+pub struct ReloadingCert {
+    current: ArcSwap<LoadedPair>,
+}
+
+impl fmt::Debug for ReloadingCert {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReloadingCert").finish_non_exhaustive()
+    }
+}
+
+impl ReloadingCert {
+    /// Starts with `pair`.
+    pub fn new(pair: LoadedPair) -> Self {
+        Self {
+            current: ArcSwap::from_pointee(pair),
+        }
+    }
+
+    /// The pair being served.
+    pub fn current(&self) -> Arc<LoadedPair> {
+        self.current.load_full()
+    }
+}
+
+impl ResolvesServerCert for ReloadingCert {
+    fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(Arc::clone(&self.current.load().key))
+    }
+}
+
+/// A rustls server configuration: `ring`, TLS 1.3 and 1.2 only, no client certificates, ALPN h2
+/// and http/1.1, the certificate from `resolver`.
+///
+/// # Errors
+/// [`TlsError::Config`] if rustls refuses the protocol versions (not expected with `ring`).
+pub fn server_config(resolver: Arc<ReloadingCert>) -> Result<ServerConfig, TlsError> {
+    let mut config = ServerConfig::builder_with_provider(crypto_provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(TlsError::Config)?
+        .with_no_client_auth()
+        .with_cert_resolver(resolver);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// What one reload check did.
+#[derive(Debug)]
+pub enum ReloadOutcome {
+    /// The files hold what is already served (or what already failed).
+    Unchanged,
+    /// A new pair is being served.
+    Reloaded,
+    /// The files changed but cannot be served; the old pair stays.
+    Failed(TlsError),
+}
+
+/// Polls the certificate files and swaps a new pair into a [`ReloadingCert`].
+#[derive(Debug)]
+pub struct CertReloader {
+    files: TlsFiles,
+    resolver: Arc<ReloadingCert>,
+    /// Content that failed last, so a broken file is reported once, not on every poll.
+    last_failed: Option<u64>,
+}
+
+impl CertReloader {
+    /// A reloader for `files` that updates `resolver`.
+    pub fn new(files: TlsFiles, resolver: Arc<ReloadingCert>) -> Self {
+        Self {
+            files,
+            resolver,
+            last_failed: None,
+        }
+    }
+
+    /// Reads both files once and switches to them if they changed and form a valid pair.
+    pub async fn check(&mut self) -> ReloadOutcome {
+        let bytes = match PairBytes::read(&self.files).await {
+            Ok(bytes) => bytes,
+            // A missing file during a non-atomic update: reported once until the content changes.
+            Err(e) => return self.failed(0, e),
+        };
+        let fingerprint = bytes.fingerprint();
+        if fingerprint == self.resolver.current().fingerprint {
+            self.last_failed = None;
+            return ReloadOutcome::Unchanged;
+        }
+        if self.last_failed == Some(fingerprint) {
+            return ReloadOutcome::Unchanged;
+        }
+        match bytes.parse(&self.files) {
+            Ok(pair) => {
+                self.resolver.current.store(Arc::new(pair));
+                self.last_failed = None;
+                ReloadOutcome::Reloaded
+            }
+            Err(e) => self.failed(fingerprint, e),
+        }
+    }
+
+    fn failed(&mut self, fingerprint: u64, e: TlsError) -> ReloadOutcome {
+        if self.last_failed == Some(fingerprint) {
+            return ReloadOutcome::Unchanged;
+        }
+        self.last_failed = Some(fingerprint);
+        ReloadOutcome::Failed(e)
+    }
+
+    /// Checks every `interval` forever, logging each switch and each new failure.
+    pub async fn run(mut self, interval: Duration, on_outcome: impl Fn(&ReloadOutcome)) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            ticker.tick().await;
+            let outcome = self.check().await;
+            match &outcome {
+                ReloadOutcome::Unchanged => {}
+                ReloadOutcome::Reloaded => tracing::info!(
+                    cert = %self.files.cert.display(),
+                    "serving the new TLS certificate"
+                ),
+                ReloadOutcome::Failed(e) => tracing::error!(
+                    error = %e,
+                    "TLS certificate files changed but cannot be used; still serving the previous certificate"
+                ),
+            }
+            on_outcome(&outcome);
+        }
+    }
+}
