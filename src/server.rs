@@ -187,6 +187,7 @@ async fn admit<S: ObjectSource + 'static>(
         duration_ms = Empty,
     );
     async move {
+        tracing::debug!("request received");
         let budget = deadline(request.uri().query());
         let answer = answer(route, &state, request, started + budget).await;
         finish(route, &state.metrics, answer, started)

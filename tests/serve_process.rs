@@ -1,0 +1,294 @@
+//! The real `mpi-webhook` binary: `serve` with no flags (dev certificates under `certs/`,
+//! shipped runtimes), graceful shutdown on SIGTERM with requests in flight, dev-certificate
+//! reuse, startup errors, and the `certs` subcommand.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod tls_support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use base64::Engine;
+use mpi_webhook::admission::Route;
+use tls_support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn binary() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"));
+    command
+        .env("NO_COLOR", "1")
+        .env("RUST_LOG", "info,mpi_webhook::server=debug")
+        // No cluster: the shipped runtimes are used whatever this machine's kubeconfig says.
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT");
+    for (key, _) in std::env::vars() {
+        if key.starts_with("MPI_WEBHOOK_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
+
+/// A running `serve` and the HTTPS address it logged.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+    log: mpsc::Receiver<String>,
+}
+
+impl Server {
+    /// `mpi-webhook serve` in `cwd` on free ports, waiting for its "listening" log line.
+    fn start(cwd: &Path) -> Self {
+        let mut child = binary()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .current_dir(cwd)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, log) = mpsc::channel();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut server = Self {
+            child,
+            addr: "0.0.0.0:0".parse().unwrap(),
+            log,
+        };
+        let line = server.wait_for_log("https_addr=");
+        let addr = line
+            .split("https_addr=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap();
+        server.addr = addr.parse().unwrap();
+        server
+    }
+
+    fn wait_for_log(&mut self, needle: &str) -> String {
+        loop {
+            match self.log.recv_timeout(WAIT) {
+                Ok(line) if line.contains(needle) => return line,
+                Ok(_) => {}
+                Err(e) => {
+                    let _ = self.child.kill();
+                    panic!("no log line with {needle:?}: {e}");
+                }
+            }
+        }
+    }
+
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits (bounded) for the process to exit and returns its status.
+    fn wait(mut self) -> std::process::ExitStatus {
+        let give_up = std::time::Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if std::time::Instant::now() > give_up {
+                let _ = self.child.kill();
+                panic!("serve did not exit after SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[tokio::test]
+async fn serve_without_flags_drains_in_flight_requests_on_sigterm_and_reuses_its_dev_certs() {
+    init();
+    let cwd = tempfile::tempdir().unwrap();
+    let server = Server::start(cwd.path());
+    let ca_pem = std::fs::read_to_string(cwd.path().join("certs/ca.crt")).unwrap();
+    let client = client_config(&[&ca_pem]);
+    let reply = request(server.addr, client.clone(), "GET", "/readyz", Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+
+    // Three requests in flight: headers and half of each body sent.
+    let body = sample("trainjob-create-allowed.json");
+    let (first_half, second_half) = body.split_at(body.len() / 2);
+    let mut in_flight = Vec::new();
+    for _ in 0..3 {
+        let mut tls = connect(server.addr, client.clone()).await.unwrap();
+        let head = format!(
+            "POST {} HTTP/1.1\r\nhost: localhost\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+            Route::ValidateTrainJob.path(),
+            body.len()
+        );
+        tls.write_all(head.as_bytes()).await.unwrap();
+        tls.write_all(first_half).await.unwrap();
+        tls.flush().await.unwrap();
+        in_flight.push(tls);
+    }
+    // Each handler has started (hyper saw the headers), so the requests are in flight, not idle
+    // connections that shutdown may close.
+    let mut server = server;
+    for _ in 0..3 {
+        server.wait_for_log("request received");
+    }
+    // An idle keep-alive connection must not hold shutdown up.
+    let _idle = connect(server.addr, client.clone()).await.unwrap();
+
+    server.terminate();
+    server.wait_for_log("stopped accepting");
+    // New connections are refused once draining started.
+    assert!(tokio::net::TcpStream::connect(server.addr).await.is_err());
+
+    for tls in &mut in_flight {
+        tls.write_all(second_half).await.unwrap();
+        tls.flush().await.unwrap();
+    }
+    for tls in &mut in_flight {
+        let mut response = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            match tokio::time::timeout(WAIT, tls.read(&mut chunk)).await {
+                Ok(Ok(n)) if n > 0 => response.extend_from_slice(&chunk[..n]),
+                _ => break,
+            }
+            if String::from_utf8_lossy(&response).contains("\"allowed\"") {
+                break;
+            }
+        }
+        let text = String::from_utf8_lossy(&response);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(
+            text.contains(r#""uid":"0a7c3f0e-5b2d-4e61-8a9f-1d2c3b4a5e01","allowed":true"#),
+            "{text}"
+        );
+    }
+    let status = server.wait();
+    assert!(status.success(), "exit status {status:?}");
+
+    // Started again in the same directory: the dev CA is reused.
+    let mut again = Server::start(cwd.path());
+    assert_eq!(
+        std::fs::read_to_string(cwd.path().join("certs/ca.crt")).unwrap(),
+        ca_pem
+    );
+    let reply = request(again.addr, client, "GET", "/healthz", Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(reply.status, 200);
+    again.terminate();
+    again.wait_for_log("shut down");
+    assert!(again.wait().success());
+}
+
+#[test]
+fn a_given_certificate_path_that_does_not_exist_is_an_error() {
+    let cwd = tempfile::tempdir().unwrap();
+    let output = binary()
+        .args([
+            "serve",
+            "--tls-cert-file",
+            "missing.crt",
+            "--tls-key-file",
+            "missing.key",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .current_dir(cwd.path())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--tls-cert-file missing.crt: no such file"),
+        "{stderr}"
+    );
+    assert!(
+        !cwd.path().join("certs").exists(),
+        "no silent fallback to dev certificates"
+    );
+}
+
+#[test]
+fn certs_writes_a_ca_and_serving_certificate_and_prints_the_ca_bundle() {
+    init();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("tls");
+    let output = binary()
+        .args(["certs", "--out"])
+        .arg(&dir)
+        .args([
+            "--dns",
+            "mpi-webhook.mpi-webhook.svc",
+            "--dns",
+            "localhost",
+            "--ip",
+            "127.0.0.1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let bundle = String::from_utf8(output.stdout).unwrap();
+    let ca = base64::engine::general_purpose::STANDARD
+        .decode(bundle.trim())
+        .unwrap();
+    assert_eq!(ca, std::fs::read(dir.join("ca.crt")).unwrap());
+    use std::os::unix::fs::PermissionsExt;
+    for key in ["ca.key", "tls.key"] {
+        let mode = std::fs::metadata(dir.join(key))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "{key}");
+    }
+    // The serving certificate and key load as a matching pair.
+    let files = mpi_webhook::tls::TlsFiles {
+        cert: dir.join("tls.crt"),
+        key: dir.join("tls.key"),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime
+        .block_on(mpi_webhook::tls::load_pair(&files))
+        .unwrap();
+}
