@@ -12,6 +12,7 @@
 //! - The container image: /etc is the host's /etc under a per-pod overlay that adds the image's
 //!   sshd_config, ssh host key and ssh client defaults (the same ones mpi-operator's base image
 //!   ships); the MPI launcher's bin dir is on the PATH of ssh sessions.
+//!
 //! Nothing is written outside the test's temp dir: the overlays' upper dirs live there too, and
 //! the mounts vanish with the pod's mount namespace.
 
@@ -93,6 +94,25 @@ pub struct Pod {
     pub netns_id: String,
     dir: PathBuf,
     init: PathBuf,
+}
+
+impl Pod {
+    /// Does `name` denote this pod? Its hostname, `<hostname>.<subdomain>`, or a longer form of
+    /// the latter up to the FQDN. (Whether the launcher can resolve the name is the launcher's
+    /// business; this only ties hostfile lines to pods.)
+    pub fn answers_to(&self, name: &str) -> bool {
+        let fqdn = format!(
+            "{}.{}.svc.{CLUSTER_DOMAIN}",
+            self.plan.dns_name,
+            product::NAMESPACE
+        );
+        name == self.plan.hostname
+            || name == self.plan.dns_name
+            || (fqdn.starts_with(name)
+                && name.starts_with(&self.plan.dns_name)
+                && fqdn[name.len()..].starts_with('.'))
+            || name == fqdn
+    }
 }
 
 pub struct Cluster {
@@ -354,9 +374,9 @@ impl Cluster {
             )?;
         }
         // The image's sshd: root login with keys only, no PAM (no logind here). StrictModes is
-        // off as in mpi-operator's base image: kubelet's volume directories are group/world
-        // writable (emptyDir/tmpfs), which StrictModes rejects. SetEnv gives ssh sessions the
-        // image's PATH (where a real image has the MPI daemons).
+        // off as in mpi-operator's base image, because the modes of kubelet's volume directories
+        // depend on the medium and fsGroup and are not the product's to choose. SetEnv gives ssh
+        // sessions the image's PATH (where a real image has the MPI daemons).
         let sshd_config = format!(
             "Port 22\nHostKey /etc/ssh/ssh_host_ecdsa_key\nPermitRootLogin prohibit-password\n\
              PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
@@ -528,6 +548,34 @@ pub fn remove_namespace(ns: &str) -> Result<()> {
     Ok(())
 }
 
+/// Prefix of the test's temp dirs: `mpiw-launchers-<pid>-<random>`.
+pub const TMP_PREFIX: &str = "mpiw-launchers-";
+
+fn pid_is_gone(pid: &str) -> bool {
+    !pid.is_empty()
+        && pid != std::process::id().to_string()
+        && !Path::new("/proc").join(pid).exists()
+}
+
+/// Temp dirs that an earlier run of this test left behind when it was killed.
+pub fn stale_temp_dirs() -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix(TMP_PREFIX) else {
+                return false;
+            };
+            let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            rest[pid.len()..].starts_with('-') && pid_is_gone(&pid)
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 /// Namespaces that an earlier run of this test left behind (its process is gone).
 pub fn stale_namespaces() -> Vec<String> {
     let Ok(list) = proc::run(Command::new("ip").args(["netns", "list"]), T) else {
@@ -541,10 +589,7 @@ pub fn stale_namespaces() -> Vec<String> {
                 return false;
             };
             let pid: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            !pid.is_empty()
-                && rest[pid.len()..].starts_with('s')
-                && pid != std::process::id().to_string()
-                && !Path::new("/proc").join(&pid).exists()
+            rest[pid.len()..].starts_with('s') && pid_is_gone(&pid)
         })
         .map(str::to_string)
         .collect()

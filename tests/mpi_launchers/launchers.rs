@@ -79,7 +79,8 @@ pub fn all() -> Vec<Launcher> {
 }
 
 impl Launcher {
-    /// `mpirun --version` / `mpiexec --version`, reduced to one line.
+    /// The launcher's own version number, from `--version` (Open MPI and Intel print it on the
+    /// first line, Hydra in a "Version:" row).
     pub fn version(&self) -> String {
         let out = proc::run(
             Command::new(&self.program)
@@ -91,18 +92,24 @@ impl Launcher {
             return "version unknown".to_string();
         };
         let text = format!("{}\n{}", out.stdout, out.stderr);
-        // Hydra prints a table with "Version: X"; Open MPI and Intel print it on the first line.
-        if let Some(v) = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("Version:").map(str::trim))
-        {
-            return format!("HYDRA {v}");
-        }
-        text.lines()
-            .map(str::trim)
-            .find(|l| !l.is_empty())
-            .unwrap_or("version unknown")
-            .to_string()
+        let is_version = |t: &&str| {
+            t.split('.').count() >= 2
+                && t.split('.')
+                    .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        };
+        let hydra = text.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix("Version:")
+                .map(str::trim)
+                .map(str::to_string)
+        });
+        let number = hydra.or_else(|| {
+            text.lines()
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .and_then(|l| l.split([' ', ',']).find(is_version).map(str::to_string))
+        });
+        number.unwrap_or_else(|| "version unknown".to_string())
     }
 
     /// PATH of a pod of this launcher's image: the MPI bin dir, then Debian's default.

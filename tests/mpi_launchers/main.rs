@@ -124,7 +124,7 @@ struct Outcome {
 
 fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) -> Result<Outcome> {
     let work = tempfile::Builder::new()
-        .prefix("mpiw-launchers-")
+        .prefix(&format!("{}{}-", cluster::TMP_PREFIX, std::process::id()))
         .tempdir()?;
     let probe = work.path().join("rank.sh");
     std::fs::write(&probe, PROBE)?;
@@ -141,7 +141,9 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
     let mut products = product::run(&inputs, work.path())?;
     if let Some(file) = std::env::var_os(EXPERIMENT_VAR) {
         // Development only (refused under CI): try a product change before making it.
-        let text = std::fs::read_to_string(&file).context("reading the experiment patch")?;
+        let text = std::fs::read_to_string(&file)
+            .context("reading the experiment patch")?
+            .replace("{{name}}", &name);
         let patch: json_patch::Patch = serde_json::from_str(&text).context("experiment patch")?;
         json_patch::patch(&mut products.jobset, &patch.0)
             .context("applying the experiment patch")?;
@@ -190,15 +192,29 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
 
     let mut cluster = Cluster::create(tag, plans, work.path())?;
     cluster.prepare(&products.rendered, l)?;
-    for (host, _) in &expected {
+    // Which pod does each hostfile line denote? (pod hostname -> (hostfile name, slots))
+    let mut expected_pods: BTreeMap<String, (String, u32)> = BTreeMap::new();
+    for (host, slots) in &expected {
+        let pod = cluster
+            .pods
+            .iter()
+            .find(|p| p.answers_to(host))
+            .with_context(|| {
+                format!(
+                    "the hostfile names {host}, which is no pod of the JobSet ({:?})",
+                    cluster
+                        .pods
+                        .iter()
+                        .map(|p| &p.plan.dns_name)
+                        .collect::<Vec<_>>()
+                )
+            })?;
         ensure!(
-            cluster.pods.iter().any(|p| &p.plan.dns_name == host),
-            "the hostfile names {host}, which is no pod of the JobSet ({:?})",
-            cluster
-                .pods
-                .iter()
-                .map(|p| &p.plan.dns_name)
-                .collect::<Vec<_>>()
+            expected_pods
+                .insert(pod.plan.hostname.clone(), (host.clone(), *slots))
+                .is_none(),
+            "the hostfile lists pod {} twice",
+            pod.plan.hostname
         );
     }
 
@@ -221,16 +237,11 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
         LAUNCH_TIMEOUT,
     )?;
     let daemon_logs = cluster.daemon_logs();
-    let launcher_host = lp.plan.dns_name.clone();
+    let launcher_host = lp.plan.hostname.clone();
     let netns_of: BTreeMap<String, String> = cluster
         .pods
         .iter()
         .map(|p| (p.plan.hostname.clone(), p.netns_id.clone()))
-        .collect();
-    let dns_of: BTreeMap<String, String> = cluster
-        .pods
-        .iter()
-        .map(|p| (p.plan.hostname.clone(), p.plan.dns_name.clone()))
         .collect();
     cluster.teardown()?;
     drop(cluster);
@@ -260,21 +271,30 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
                 r.rank, r.host, r.netns
             )));
         }
-        *per_host.entry(dns_of[&r.host].clone()).or_default() += 1;
+        *per_host.entry(r.host.clone()).or_default() += 1;
     }
     let mut rank_ids: Vec<&str> = ranks.iter().map(|r| r.rank.as_str()).collect();
     rank_ids.sort_unstable();
     rank_ids.dedup();
+    // Report hosts by the name the hostfile gives them.
     let placement = per_host
         .iter()
-        .map(|(h, n)| format!("{h}={n}"))
+        .map(|(h, n)| {
+            let name = expected_pods
+                .get(h)
+                .map_or(h.as_str(), |(name, _)| name.as_str());
+            format!("{name}={n}")
+        })
         .collect::<Vec<_>>()
         .join(" ");
     let mode = format!("runLauncherAsNode={lan}");
 
     match env_kind {
         Env::Product => {
-            let want: BTreeMap<String, u32> = expected.iter().cloned().collect();
+            let want: BTreeMap<String, u32> = expected_pods
+                .iter()
+                .map(|(pod, (_, slots))| (pod.clone(), *slots))
+                .collect();
             if per_host != want || rank_ids.len() != ranks.len() {
                 return Err(fail(format!(
                     "ranks per host {per_host:?} (rank ids {rank_ids:?}), hostfile says {want:?}"
@@ -282,7 +302,7 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
             }
             Ok(Outcome {
                 line: format!(
-                    "{:<10} {version:<34} {mode:<24} hosts reached {}/{} ranks per host: {placement}",
+                    "{:<10} {version:<10} {mode:<24} hosts reached {}/{} ranks per host: {placement}",
                     l.label,
                     per_host.len(),
                     want.len()
@@ -299,10 +319,13 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
             }
             Ok(Outcome {
                 line: format!(
-                    "{:<10} {version:<34} {mode:<24} upstream env only (4 OMPI_MCA_orte_*/plm_rsh vars): \
+                    "{:<10} {version:<10} {mode:<24} upstream env only (4 OMPI_MCA_orte_*/plm_rsh vars): \
                      exit 0, workers reached 0/{} ranks per host: {placement} (kubeflow/trainer#4028 reproduced)",
                     l.label,
-                    expected.iter().filter(|(h, _)| *h != launcher_host).count()
+                    expected_pods
+                        .keys()
+                        .filter(|h| **h != launcher_host)
+                        .count()
                 ),
             })
         }
@@ -350,6 +373,13 @@ fn mpi_launchers() {
         say("SPEC MODEL: the hand-written spec model stands in for mpi-webhook");
     }
 
+    for dir in cluster::stale_temp_dirs() {
+        say(&format!(
+            "removing {} left by an earlier run",
+            dir.display()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     for stale in cluster::stale_namespaces() {
         say(&format!(
             "removing namespace {stale} left by an earlier run"
@@ -385,10 +415,10 @@ fn mpi_launchers() {
     let mut failures = Vec::new();
     let mut n = 0;
     for l in &runnable {
-        if let Some(only) = &only {
-            if !only.split(',').any(|o| o == l.id) {
-                continue;
-            }
+        if let Some(only) = &only
+            && !only.split(',').any(|o| o == l.id)
+        {
+            continue;
         }
         let version = l.version();
         let mut cases = vec![(false, Env::Product), (true, Env::Product)];
@@ -403,7 +433,9 @@ fn mpi_launchers() {
                 Ok(o) => say(&o.line),
                 Err(e) => {
                     let head = format!("{} runLauncherAsNode={lan} {env_kind:?}", l.label);
-                    say(&format!("{head}: FAILED (details below)"));
+                    let first = format!("{e:#}");
+                    let first = first.lines().next().unwrap_or("").to_string();
+                    say(&format!("{head}: FAILED: {first} (details below)"));
                     failures.push(format!("{head}: {e:#}"));
                 }
             }

@@ -1,7 +1,8 @@
-//! Development stand-in for the product, selected with `MPI_LAUNCHERS_PRODUCT=spec`: the Secret,
-//! hostfile and JobSet changes written by hand from mpi-policy.md (sections C, D and Decision 5).
-//! It lets the harness be checked against the spec itself, so a failure can be told apart: the
-//! spec (or the environment) vs. the implementation. Never the default.
+//! Development stand-in for the product, selected with `MPI_LAUNCHERS_PRODUCT=spec` (refused under
+//! CI): the Secret, hostfile and JobSet changes written by hand from mpi-policy.md (sections C, D
+//! and Decision 5) *with the three changes this test showed the launchers need* (marked
+//! "issue 7" below). It lets a failure be told apart: the spec (or the environment) vs. the
+//! implementation. Never the default.
 
 use std::path::Path;
 use std::process::Command;
@@ -75,7 +76,14 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
     }
     for (rname, count) in &rjobs {
         for p in 0..*count {
-            let host = format!("{name}-{rname}-0-{p}.{name}");
+            let short = format!("{name}-{rname}-0-{p}");
+            // issue 7: Hydra (MPICH 4.0, Intel MPI 2021) recognizes the launcher's own line as
+            // local only by its hostname; `<pod>.<subdomain>` makes it ssh to itself.
+            let host = if rname == "launcher" && imp != "OpenMPI" {
+                short
+            } else {
+                format!("{short}.{name}")
+            };
             match imp {
                 "OpenMPI" => hostfile.push_str(&format!("{host} slots={slots}\n")),
                 _ => hostfile.push_str(&format!("{host}:{slots}\n")),
@@ -94,11 +102,9 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
         "data": {"hostfile": hostfile},
     });
 
-    // Dev knob to try a different private-key mode than the spec's 0640.
-    let key_mode: u64 = std::env::var("MPI_LAUNCHERS_SPEC_PRIVATE_KEY_MODE")
-        .ok()
-        .and_then(|m| u64::from_str_radix(m.trim_start_matches("0o"), 8).ok())
-        .unwrap_or(0o640);
+    // issue 7: 0600, not 0640: ssh refuses a private key its owner's group can read, and a root
+    // launcher owns the file (kubelet writes it as root).
+    let key_mode: u64 = 0o600;
     let ssh_vol = json!({"name": "mpi-ssh-auth", "secret": {
     "secretName": format!("{name}-mpi-ssh-auth"), "defaultMode": 256,
     "items": [
@@ -128,10 +134,14 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
                 "-o ConnectionAttempts=10",
             ),
             ("I_MPI_PERHOST", &s),
+            // issue 7: workers call back to the launcher's hostname, which pods cannot resolve.
+            ("I_MPI_HYDRA_IFACE", "eth0"),
         ],
         _ => vec![
             ("HYDRA_HOST_FILE", "/etc/mpi/hostfile"),
             ("HYDRA_LAUNCHER_EXTRA_ARGS", "-o ConnectionAttempts=10"),
+            // issue 7: as for Intel.
+            ("HYDRA_IFACE", "eth0"),
         ],
     };
 
