@@ -295,7 +295,9 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
                 .iter()
                 .map(|(pod, (_, slots))| (pod.clone(), *slots))
                 .collect();
-            if per_host != want || rank_ids.len() != ranks.len() {
+            let mut world: Vec<String> = (0..ranks.len()).map(|i| i.to_string()).collect();
+            world.sort_unstable();
+            if per_host != want || rank_ids != world {
                 return Err(fail(format!(
                     "ranks per host {per_host:?} (rank ids {rank_ids:?}), hostfile says {want:?}"
                 )));
