@@ -76,7 +76,9 @@ pub const API_CALLS: &[ApiCall] = &[
         namespaced_to_own_namespace: false,
     },
     // The SSH Secret is created once and never changed (immutable): no update, patch or delete.
-    // The watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`).
+    // The list/watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`) and, like the
+    // GET on a cache miss, metadata-only (PartialObjectMetadata): the reconciler never reads key
+    // material. RBAC cannot narrow by label, so the grant itself is cluster-wide.
     ApiCall {
         component: RECONCILE,
         group: "",
@@ -84,14 +86,16 @@ pub const API_CALLS: &[ApiCall] = &[
         verbs: &["get", "list", "watch", "create"],
         namespaced_to_own_namespace: false,
     },
-    // The hostfile ConfigMap is server-side applied (PATCH with field manager `mpi-webhook`).
+    // The hostfile ConfigMap is server-side applied (PATCH with field manager `mpi-webhook`; an
+    // apply that creates the object also needs `create`). Label-selected list/watch; never a GET.
     ApiCall {
         component: RECONCILE,
         group: "",
         resource: "configmaps",
-        verbs: &["get", "list", "watch", "create", "patch"],
+        verbs: &["list", "watch", "create", "patch"],
         namespaced_to_own_namespace: false,
     },
+    // Events on TrainJobs (kube-runtime Recorder: CREATE, then PATCH to count a repeated one).
     ApiCall {
         component: RECONCILE,
         group: "events.k8s.io",
@@ -99,12 +103,13 @@ pub const API_CALLS: &[ApiCall] = &[
         verbs: &["create", "patch"],
         namespaced_to_own_namespace: false,
     },
-    // Leader election: the Lease `mpi-webhook-reconciler` in the pod's own namespace.
+    // Leader election (kube-lease-manager): the Lease `mpi-webhook-reconciler` in the pod's own
+    // namespace; GET, CREATE when absent, and PATCH (apply / strategic merge) to take and renew.
     ApiCall {
         component: RECONCILE,
         group: "coordination.k8s.io",
         resource: "leases",
-        verbs: &["get", "create", "update"],
+        verbs: &["get", "create", "patch"],
         namespaced_to_own_namespace: true,
     },
 ];

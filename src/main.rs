@@ -46,8 +46,9 @@ async fn main() -> Result<ExitCode> {
             println!("{}", certs::run(&args)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Reconcile(_) => {
-            anyhow::bail!("not implemented yet")
+        Command::Reconcile(args) => {
+            mpi_webhook::reconciler::run(args).await?;
+            Ok(ExitCode::SUCCESS)
         }
     }
 }

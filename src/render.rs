@@ -1,11 +1,15 @@
 //! `render`: the Secret and ConfigMap the reconciler would create for each MPI TrainJob of a
-//! [`Snapshot`], as multi-document YAML. Pure: keys come from the given generator.
+//! [`Snapshot`], as multi-document YAML, and [`hostfile_for`], the decision the reconciler shares.
+//! Pure: keys come from the given generator.
 
 use serde::Serialize;
 
+use k8s_openapi::api::core::v1::ConfigMap;
+
 use crate::admission::runtime_kind_of;
-use crate::mpi::hostfile::hostfile_configmap;
-use crate::mpi::plan::MpiPlan;
+use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::mpi::hostfile::{HostfileTooLarge, hostfile_configmap};
+use crate::mpi::plan::{MpiPlan, PlanError};
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
 use crate::mpi::validate::unsupported_implementation_detail;
 use crate::objects::Snapshot;
@@ -40,6 +44,68 @@ fn push_document(out: &mut String, object: &impl Serialize) -> Result<(), Render
     Ok(())
 }
 
+/// Why no objects can be built for a TrainJob. The display texts are what `render` reports and
+/// what the reconciler's failure Events say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// `spec.runtimeRef` names neither runtime kind (`unsupported runtime: <Kind>.<group>`).
+    #[error("{0}")]
+    UnsupportedRuntime(String),
+    /// The referenced runtime does not exist.
+    #[error("{} {name:?} not found", kind.as_str())]
+    RuntimeNotFound {
+        /// Its kind.
+        kind: RuntimeKind,
+        /// Its name.
+        name: String,
+    },
+    /// The runtime names an MPI implementation that is not supported (Decisions 4 and 7).
+    #[error("{0}")]
+    UnsupportedImplementation(String),
+    /// The hostfile would not fit a ConfigMap (Decision 8).
+    #[error(transparent)]
+    HostfileTooLarge(#[from] HostfileTooLarge),
+}
+
+/// The runtime a TrainJob refers to: its kind and name.
+///
+/// # Errors
+/// [`Problem::UnsupportedRuntime`] when `spec.runtimeRef` names neither runtime kind.
+pub fn runtime_ref(train_job: &TrainJob) -> Result<(RuntimeKind, &str), Problem> {
+    let kind = runtime_kind_of(train_job).map_err(Problem::UnsupportedRuntime)?;
+    Ok((kind, train_job.spec.runtime_ref.name.as_str()))
+}
+
+/// The hostfile ConfigMap of `train_job` on its runtime (found by [`runtime_ref`]), or `None`
+/// when the runtime has no MPI policy. The reconciler and `render` both decide here, so they
+/// agree on which TrainJobs get objects and on every count and name.
+///
+/// # Errors
+/// [`Problem`] when the runtime is missing (`None`), its implementation is unsupported, or the
+/// hostfile would not fit.
+pub fn hostfile_for(
+    train_job: &TrainJob,
+    kind: RuntimeKind,
+    runtime: Option<&TrainingRuntime>,
+) -> Result<Option<ConfigMap>, Problem> {
+    let runtime_name = &train_job.spec.runtime_ref.name;
+    let Some(runtime) = runtime else {
+        return Err(Problem::RuntimeNotFound {
+            kind,
+            name: runtime_name.clone(),
+        });
+    };
+    let plan = match MpiPlan::new(train_job, runtime) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Ok(None),
+        Err(PlanError::UnsupportedImplementation(value)) => {
+            let detail = unsupported_implementation_detail(kind, runtime_name, &value);
+            return Err(Problem::UnsupportedImplementation(detail));
+        }
+    };
+    Ok(Some(hostfile_configmap(train_job, &plan)?))
+}
+
 /// Renders every MPI TrainJob of `snapshot`, generating one key pair per TrainJob with `keygen`.
 ///
 /// # Errors
@@ -50,35 +116,16 @@ pub fn render(
 ) -> Result<Rendered, RenderError> {
     let mut rendered = Rendered::default();
     for train_job in snapshot.train_jobs() {
-        let who = format!("TrainJob {}/{}", train_job.namespace(), train_job.name());
-        let kind = match runtime_kind_of(train_job) {
-            Ok(kind) => kind,
-            Err(message) => {
-                rendered.problems.push(format!("{who}: {message}"));
-                continue;
-            }
-        };
-        let runtime_name = &train_job.spec.runtime_ref.name;
-        let Some(runtime) = snapshot.get_runtime(kind, train_job.namespace(), runtime_name) else {
-            rendered.problems.push(format!(
-                "{who}: {} {runtime_name:?} not found",
-                kind.as_str()
-            ));
-            continue;
-        };
-        let plan = match MpiPlan::new(train_job, &runtime) {
-            Ok(Some(plan)) => plan,
+        let configmap = runtime_ref(train_job).and_then(|(kind, name)| {
+            let runtime = snapshot.get_runtime(kind, train_job.namespace(), name);
+            hostfile_for(train_job, kind, runtime.as_deref())
+        });
+        let configmap = match configmap {
+            Ok(Some(configmap)) => configmap,
             Ok(None) => continue,
-            Err(crate::mpi::plan::PlanError::UnsupportedImplementation(value)) => {
-                let detail = unsupported_implementation_detail(kind, runtime_name, &value);
-                rendered.problems.push(format!("{who}: {detail}"));
-                continue;
-            }
-        };
-        let configmap = match hostfile_configmap(train_job, &plan) {
-            Ok(configmap) => configmap,
-            Err(too_large) => {
-                rendered.problems.push(format!("{who}: {too_large}"));
+            Err(problem) => {
+                let who = format!("TrainJob {}/{}", train_job.namespace(), train_job.name());
+                rendered.problems.push(format!("{who}: {problem}"));
                 continue;
             }
         };

@@ -5,6 +5,7 @@
 //! JSON, see [`crate::mpi::enforce`]). Absent fields take the CRD defaults through accessor methods.
 
 pub mod jobset;
+mod resource_impls;
 pub mod resources;
 pub mod runtime;
 pub mod trainjob;

@@ -4,6 +4,7 @@
 //! loaded from `--objects-dir` (see [`dir`]), and the cluster implementation wraps watch-backed
 //! caches. Lookups are async only because a cluster source may fall back to a GET.
 
+pub mod cluster;
 pub mod dir;
 
 use std::collections::BTreeMap;

@@ -1,0 +1,432 @@
+//! The cluster [`ObjectSource`]: reflector caches of TrainJobs, TrainingRuntimes and
+//! ClusterTrainingRuntimes, so admission answers from memory; a cache miss falls back to one GET
+//! (the TrainJob that owns a new JobSet is often only milliseconds old and not yet in the cache).
+//!
+//! A broken watch reconnects with kube's default exponential backoff; every failure is logged
+//! and counted in `mpi_webhook_watch_errors_total{resource}`.
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
+use serde::de::DeserializeOwned;
+
+use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+
+use super::{LookupError, ObjectSource};
+
+/// Label set of the cache metrics: the watched resource (plural name), never an object name.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabel {
+    /// Plural resource name, e.g. `trainjobs`.
+    pub resource: &'static str,
+}
+
+/// Metrics of the watch-backed caches (shared by `serve` and `reconcile`). Cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct CacheMetrics {
+    /// Watch failures; each one is followed by a reconnect after a backoff.
+    pub watch_errors: Family<ResourceLabel, Counter>,
+    /// Lookups the cache could not answer, served by a GET instead.
+    pub cache_misses: Family<ResourceLabel, Counter>,
+}
+
+impl CacheMetrics {
+    /// New metrics registered into `registry` (expected to carry the `mpi_webhook` prefix) as
+    /// `watch_errors_total{resource}` and `cache_misses_total{resource}`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let metrics = Self::default();
+        registry.register(
+            "watch_errors",
+            "Watch stream failures; the watch reconnects after a backoff",
+            metrics.watch_errors.clone(),
+        );
+        registry.register(
+            "cache_misses",
+            "Lookups not found in the watch cache and served by a GET",
+            metrics.cache_misses.clone(),
+        );
+        metrics
+    }
+
+    fn watch_error(&self, resource: &'static str) {
+        self.watch_errors
+            .get_or_create(&ResourceLabel { resource })
+            .inc();
+    }
+
+    fn cache_miss(&self, resource: &'static str) {
+        self.cache_misses
+            .get_or_create(&ResourceLabel { resource })
+            .inc();
+    }
+}
+
+/// Feeds a watcher stream into `writer`'s store: failures are logged and counted, then retried
+/// with kube's default backoff. The stream must be polled for the store to fill.
+pub fn reflect<K, S>(
+    stream: S,
+    writer: Writer<K>,
+    resource: &'static str,
+    metrics: &CacheMetrics,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static + use<K, S>
+where
+    K: Resource + Clone + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    let metrics = metrics.clone();
+    stream
+        .inspect_err(move |error| {
+            metrics.watch_error(resource);
+            tracing::warn!(resource, %error, "watch failed; reconnecting with backoff");
+        })
+        .default_backoff()
+        .reflect(writer)
+}
+
+/// Drives one cluster-wide watch into `writer` until the process ends.
+fn watch_all<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    resource: &'static str,
+    metrics: &CacheMetrics,
+) -> impl Future<Output = ()> + Send + 'static + use<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    reflect(
+        watcher(api, watcher::Config::default()),
+        writer,
+        resource,
+        metrics,
+    )
+    .for_each(|_| futures::future::ready(()))
+}
+
+/// Watch-backed TrainJob and runtime lookups with a GET fallback. Cheap to clone.
+#[derive(Clone)]
+pub struct ClusterObjects {
+    client: Client,
+    train_jobs: Store<TrainJob>,
+    training_runtimes: Store<TrainingRuntime>,
+    cluster_training_runtimes: Store<TrainingRuntime>,
+    metrics: CacheMetrics,
+}
+
+impl ClusterObjects {
+    /// Starts watching TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes in every
+    /// namespace. Returns the source and the future that drives the three watches: spawn it
+    /// (the caches stay empty, and [`Self::synced`] pending, until it runs).
+    pub fn watch(
+        client: Client,
+        metrics: CacheMetrics,
+    ) -> (Self, impl Future<Output = ()> + Send + 'static + use<>) {
+        let jobs = Writer::<TrainJob>::new(());
+        let jobs_store = jobs.as_reader();
+        let jobs = watch_all(Api::all(client.clone()), jobs, "trainjobs", &metrics);
+        let (local_store, local) = runtime_watch(&client, RuntimeKind::TrainingRuntime, &metrics);
+        let (cluster_store, cluster) =
+            runtime_watch(&client, RuntimeKind::ClusterTrainingRuntime, &metrics);
+        let objects = Self::from_stores(client, jobs_store, local_store, cluster_store, metrics);
+        let driver = futures::future::join3(jobs, local, cluster).map(|_| ());
+        (objects, driver)
+    }
+
+    /// A source over stores filled elsewhere (the reconciler feeds them from its own watches).
+    pub fn from_stores(
+        client: Client,
+        train_jobs: Store<TrainJob>,
+        training_runtimes: Store<TrainingRuntime>,
+        cluster_training_runtimes: Store<TrainingRuntime>,
+        metrics: CacheMetrics,
+    ) -> Self {
+        Self {
+            client,
+            train_jobs,
+            training_runtimes,
+            cluster_training_runtimes,
+            metrics,
+        }
+    }
+
+    /// Resolves once all three caches hold their initial list (the `/readyz` condition).
+    ///
+    /// # Errors
+    /// When a watch driver was dropped before its first list completed.
+    pub async fn synced(&self) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
+        self.train_jobs.wait_until_ready().await?;
+        self.training_runtimes.wait_until_ready().await?;
+        self.cluster_training_runtimes.wait_until_ready().await
+    }
+
+    /// Whether all three caches hold their initial list, without waiting.
+    pub fn is_synced(&self) -> bool {
+        matches!(self.synced().now_or_never(), Some(Ok(())))
+    }
+
+    fn runtime_store(&self, kind: RuntimeKind) -> &Store<TrainingRuntime> {
+        match kind {
+            RuntimeKind::TrainingRuntime => &self.training_runtimes,
+            RuntimeKind::ClusterTrainingRuntime => &self.cluster_training_runtimes,
+        }
+    }
+
+    async fn get_runtime(
+        &self,
+        kind: RuntimeKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<TrainingRuntime>, LookupError> {
+        self.metrics.cache_miss(kind.resource());
+        let api = match kind {
+            RuntimeKind::TrainingRuntime => {
+                Api::namespaced_with(self.client.clone(), namespace, &kind)
+            }
+            RuntimeKind::ClusterTrainingRuntime => Api::all_with(self.client.clone(), &kind),
+        };
+        api.get_opt(name)
+            .await
+            .map_err(|e| LookupError(format!("getting {} {name:?}: {e}", kind.as_str())))
+    }
+}
+
+fn runtime_watch(
+    client: &Client,
+    kind: RuntimeKind,
+    metrics: &CacheMetrics,
+) -> (
+    Store<TrainingRuntime>,
+    impl Future<Output = ()> + Send + 'static + use<>,
+) {
+    let writer = Writer::<TrainingRuntime>::new(kind);
+    let store = writer.as_reader();
+    let api = Api::<TrainingRuntime>::all_with(client.clone(), &kind);
+    (store, watch_all(api, writer, kind.resource(), metrics))
+}
+
+impl ObjectSource for ClusterObjects {
+    async fn runtime(
+        &self,
+        kind: RuntimeKind,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<TrainingRuntime>>, LookupError> {
+        let key = match kind {
+            RuntimeKind::TrainingRuntime => ObjectRef::new_with(name, kind).within(namespace),
+            RuntimeKind::ClusterTrainingRuntime => ObjectRef::new_with(name, kind),
+        };
+        if let Some(runtime) = self.runtime_store(kind).get(&key) {
+            return Ok(Some(runtime));
+        }
+        Ok(self.get_runtime(kind, namespace, name).await?.map(Arc::new))
+    }
+
+    async fn train_job(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<Arc<TrainJob>>, LookupError> {
+        if let Some(train_job) = self.train_jobs.get(&ObjectRef::new(name).within(namespace)) {
+            return Ok(Some(train_job));
+        }
+        self.metrics.cache_miss("trainjobs");
+        Api::<TrainJob>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await
+            .map(|found| found.map(Arc::new))
+            .map_err(|e| LookupError(format!("getting TrainJob {namespace}/{name}: {e}")))
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::time::Duration;
+
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    const TIMEOUT: Duration = Duration::from_secs(5);
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    /// A store that has seen its initial list holding `objects`.
+    pub(crate) fn synced_store<K>(dyntype: K::DynamicType, objects: Vec<K>) -> Store<K>
+    where
+        K: Resource + Clone + 'static,
+        K::DynamicType: Eq + Hash + Clone,
+    {
+        let mut writer = Writer::new(dyntype);
+        writer.apply_watcher_event(&watcher::Event::Init);
+        for object in objects {
+            writer.apply_watcher_event(&watcher::Event::InitApply(object));
+        }
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        writer.as_reader()
+    }
+
+    fn train_job_json() -> Value {
+        json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+               "metadata": {"name": "pi", "namespace": "team", "uid": "u"},
+               "spec": {"runtimeRef": {"name": "deepspeed"}}})
+    }
+
+    fn respond(reply: tower_test::mock::SendResponse<Response<Body>>, code: u16, body: &Value) {
+        let bytes = serde_json::to_vec(body).expect("json");
+        let response = Response::builder().status(code).body(Body::from(bytes));
+        reply.send_response(response.expect("response"));
+    }
+
+    fn status(code: u16) -> Value {
+        let reason = if code == 404 {
+            "NotFound"
+        } else {
+            "InternalError"
+        };
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "message": "scripted", "reason": reason, "code": code})
+    }
+
+    /// A source with empty (synced) caches, or with one TrainJob cached.
+    fn source(cached: Option<TrainJob>) -> (ClusterObjects, Handle, CacheMetrics) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let metrics = CacheMetrics::default();
+        let objects = ClusterObjects::from_stores(
+            Client::new(service, "default"),
+            synced_store((), cached.into_iter().collect()),
+            synced_store(RuntimeKind::TrainingRuntime, vec![]),
+            synced_store(RuntimeKind::ClusterTrainingRuntime, vec![]),
+            metrics.clone(),
+        );
+        (objects, handle, metrics)
+    }
+
+    /// Answers the next request, which must be a GET of `path`.
+    async fn answer_get(handle: &mut Handle, path: &str, code: u16, body: Value) {
+        let (request, reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
+            .await
+            .expect("a request")
+            .expect("open");
+        assert_eq!(request.method(), http::Method::GET);
+        assert_eq!(request.uri().path(), path);
+        respond(reply, code, &body);
+    }
+
+    fn misses(metrics: &CacheMetrics, resource: &'static str) -> u64 {
+        metrics
+            .cache_misses
+            .get_or_create(&ResourceLabel { resource })
+            .get()
+    }
+
+    #[tokio::test]
+    async fn cached_train_job_is_answered_from_memory() {
+        let cached = serde_json::from_value(train_job_json()).expect("TrainJob");
+        let (objects, _handle, metrics) = source(Some(cached));
+        let found = tokio::time::timeout(TIMEOUT, objects.train_job("team", "pi"))
+            .await
+            .expect("no request made");
+        assert_eq!(found.expect("ok").expect("found").uid(), "u");
+        assert_eq!(misses(&metrics, "trainjobs"), 0);
+    }
+
+    #[tokio::test]
+    async fn cache_miss_falls_back_to_one_get() {
+        let (objects, mut handle, metrics) = source(None);
+        let path = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs/pi";
+        let server = tokio::spawn(async move {
+            answer_get(&mut handle, path, 200, train_job_json()).await;
+            answer_get(&mut handle, path, 404, status(404)).await;
+            answer_get(&mut handle, path, 500, status(500)).await;
+        });
+        let found = objects.train_job("team", "pi").await.expect("ok");
+        assert_eq!(found.expect("found").name(), "pi");
+        assert!(objects.train_job("team", "pi").await.expect("ok").is_none());
+        let error = objects.train_job("team", "pi").await.expect_err("500");
+        assert!(error.0.starts_with("getting TrainJob team/pi: "), "{error}");
+        server.await.expect("script");
+        assert_eq!(misses(&metrics, "trainjobs"), 3);
+    }
+
+    #[tokio::test]
+    async fn runtime_miss_gets_the_right_kind_and_scope() {
+        let (objects, mut handle, metrics) = source(None);
+        let server = tokio::spawn(async move {
+            let base = "/apis/trainer.kubeflow.org/v1alpha1";
+            let runtime = json!({"metadata": {"name": "rt", "namespace": "team"}, "spec": {}});
+            let local = format!("{base}/namespaces/team/trainingruntimes/rt");
+            answer_get(&mut handle, &local, 200, runtime).await;
+            let cluster = format!("{base}/clustertrainingruntimes/rt");
+            answer_get(&mut handle, &cluster, 404, status(404)).await;
+        });
+        let local = objects.runtime(RuntimeKind::TrainingRuntime, "team", "rt");
+        assert_eq!(local.await.expect("ok").expect("found").name(), "rt");
+        let cluster = objects.runtime(RuntimeKind::ClusterTrainingRuntime, "team", "rt");
+        assert!(cluster.await.expect("ok").is_none());
+        server.await.expect("script");
+        assert_eq!(misses(&metrics, "trainingruntimes"), 1);
+        assert_eq!(misses(&metrics, "clustertrainingruntimes"), 1);
+    }
+
+    fn empty_list() -> Value {
+        json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "7"}, "items": []})
+    }
+
+    /// A failed list is counted and retried after a backoff; readiness waits for all three
+    /// initial lists.
+    #[tokio::test(start_paused = true)]
+    async fn watches_sync_and_reconnect_after_errors() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let metrics = CacheMetrics::default();
+        let (objects, driver) =
+            ClusterObjects::watch(Client::new(service, "default"), metrics.clone());
+        let driver = tokio::spawn(driver);
+        let mut failed_once = false;
+        let mut listed = std::collections::BTreeSet::new();
+        while listed.len() < 3 {
+            assert!(!objects.is_synced());
+            let (request, reply) = handle.next_request().await.expect("a list");
+            let path = request.uri().path().to_string();
+            if request
+                .uri()
+                .query()
+                .unwrap_or_default()
+                .contains("watch=true")
+            {
+                continue; // keep the watch open: never answered
+            }
+            if path.ends_with("/trainjobs") && !failed_once {
+                failed_once = true;
+                respond(reply, 500, &status(500));
+                continue;
+            }
+            respond(reply, 200, &empty_list());
+            listed.insert(path);
+        }
+        tokio::time::timeout(TIMEOUT, objects.synced())
+            .await
+            .expect("synced")
+            .expect("writers alive");
+        assert!(objects.is_synced());
+        let errors = metrics
+            .watch_errors
+            .get_or_create(&ResourceLabel {
+                resource: "trainjobs",
+            })
+            .get();
+        assert_eq!(errors, 1);
+        driver.abort();
+    }
+}

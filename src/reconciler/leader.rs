@@ -1,0 +1,140 @@
+//! Leader election on a `coordination.k8s.io` Lease (kube-lease-manager), and the gate that runs
+//! the controller only while this replica holds it.
+//!
+//! Safety rule: any error while holding or renewing the Lease publishes "not leader" at once and
+//! rebuilds the manager; writing resumes only once the Lease is confirmed ours again. The renewal
+//! client times out well before the Lease expires, so a replica cut off from the API server
+//! stops writing before another replica may take over.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use kube::Client;
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder};
+use tokio::sync::watch;
+
+/// Seconds a Lease stays valid after its last renewal.
+pub const LEASE_DURATION_SECS: u64 = 15;
+/// Seconds before expiry at which the holder renews. The renewal request times out sooner
+/// (see `run::LEASE_REQUEST_TIMEOUT`), so a failed renewal is noticed before expiry.
+pub const LEASE_GRACE_SECS: u64 = 5;
+/// Resolves when a leadership term ends (the Lease was lost, or shutdown was requested).
+pub type TermEnd = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
+
+/// Pause before building a new manager after an error.
+const RETRY_DELAY: Duration = Duration::from_secs(2);
+
+/// Where the Lease lives and who we are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseSettings {
+    /// Lease name.
+    pub name: String,
+    /// Lease namespace.
+    pub namespace: String,
+    /// This replica's identity (holder).
+    pub holder: String,
+}
+
+/// Keeps competing for the Lease until `shutdown` becomes true, publishing leadership on
+/// `leader`; then releases the Lease so a standby takes over without waiting for expiry.
+pub async fn elect(
+    client: Client,
+    settings: LeaseSettings,
+    leader: watch::Sender<bool>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let manager = tokio::select! {
+            built = build(&client, &settings) => built,
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        };
+        match manager {
+            Ok(manager) => {
+                if hold(&manager, &leader, &mut shutdown).await {
+                    leader.send_replace(false);
+                    if let Err(error) = manager.release().await {
+                        tracing::warn!(%error, "releasing the Lease on shutdown");
+                    }
+                    return;
+                }
+            }
+            Err(error) => tracing::warn!(%error, lease = %settings.name, "Lease manager"),
+        }
+        leader.send_replace(false);
+        tokio::select! {
+            _ = tokio::time::sleep(RETRY_DELAY) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+async fn build(
+    client: &Client,
+    settings: &LeaseSettings,
+) -> Result<LeaseManager, kube_lease_manager::LeaseManagerError> {
+    LeaseManagerBuilder::new(client.clone(), &settings.name)
+        .with_namespace(&settings.namespace)
+        .with_identity(&settings.holder)
+        .with_duration(LEASE_DURATION_SECS)
+        .with_grace(LEASE_GRACE_SECS)
+        .build()
+        .await
+}
+
+/// Follows the manager's state changes; returns `true` on shutdown, `false` after an error.
+async fn hold(
+    manager: &LeaseManager,
+    leader: &watch::Sender<bool>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    loop {
+        tokio::select! {
+            changed = manager.changed() => match changed {
+                Ok(is_leader) => {
+                    tracing::info!(is_leader, "Lease state changed");
+                    leader.send_replace(is_leader);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "Lease renewal failed: stepping down");
+                    return false;
+                }
+            },
+            _ = shutdown.wait_for(|stop| *stop) => return true,
+        }
+    }
+}
+
+/// Runs `lead` each time `leader` becomes true, handing it a future that resolves when the
+/// leadership ends or `shutdown` becomes true; returns on shutdown (or when the leadership
+/// channel closes). `lead` must stop writing promptly when that future resolves.
+pub async fn run_while_leader<F, Fut>(
+    mut leader: watch::Receiver<bool>,
+    mut shutdown: watch::Receiver<bool>,
+    mut lead: F,
+) where
+    F: FnMut(TermEnd) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    loop {
+        tokio::select! {
+            became = leader.wait_for(|l| *l) => if became.is_err() { return },
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        tracing::info!("leading: starting the controller");
+        lead(ended(leader.clone(), shutdown.clone())).await;
+        if *shutdown.borrow() {
+            return;
+        }
+        tracing::info!("lost the Lease: controller stopped");
+    }
+}
+
+fn ended(mut leader: watch::Receiver<bool>, mut shutdown: watch::Receiver<bool>) -> TermEnd {
+    Box::pin(async move {
+        tokio::select! {
+            _ = leader.wait_for(|l| !*l) => {}
+            _ = shutdown.wait_for(|stop| *stop) => {}
+        }
+    })
+}

@@ -1,0 +1,401 @@
+//! `mpi-webhook reconcile`: the only part of mpi-webhook that writes to the cluster.
+//!
+//! For every TrainJob whose runtime has an MPI policy it creates the SSH Secret once (immutable,
+//! never updated or rotated; spec D.1) and server-side applies the hostfile ConfigMap with field
+//! manager `mpi-webhook`, so edits and drift are repaired (D.2). Which TrainJobs get objects, and
+//! what the ConfigMap holds, is decided by [`crate::render::hostfile_for`], the same code as
+//! `render` and the webhook's JobSet patch (all start from [`crate::mpi::plan::MpiPlan`]).
+//!
+//! [`reconcile`] and [`error_policy`] are the controller's two callbacks; [`run`] wires the
+//! watches, leader election and the probe server.
+
+mod leader;
+mod metrics;
+mod run;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource};
+use tokio::sync::watch;
+
+use crate::api::TrainJob;
+use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
+use crate::mpi::{MANAGER, hostfile_configmap_name, ssh_secret_name};
+use crate::objects::cluster::ClusterObjects;
+use crate::objects::{LookupError, ObjectSource};
+use crate::render::{Problem, hostfile_for, runtime_ref};
+
+pub use leader::{LeaseSettings, TermEnd, run_while_leader};
+pub use metrics::{Probes, ReconcileMetrics, probes_router};
+pub use run::{ReconcileError, run};
+
+/// First retry delay after a failed reconcile; doubled on every further failure.
+const RETRY_BASE: Duration = Duration::from_secs(1);
+/// Longest retry delay, and the delay for problems only a change to the TrainJob or its runtime
+/// can fix (those changes trigger a reconcile through the watches anyway).
+const RETRY_MAX: Duration = Duration::from_secs(300);
+/// How long a reconcile waits for the owned-object caches before deciding without them (a
+/// cache miss then costs a GET and an apply, never a wrong write).
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+/// Upstream's Event reason for a TrainJob whose objects could not be built.
+const FAILED_REASON: &str = "TrainJobResourcesCreationFailed";
+
+/// Why one reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The runtime could not be looked up (API server error, not "not found").
+    #[error("looking up the runtime: {0}")]
+    RuntimeLookup(#[source] LookupError),
+    /// No objects can be built: runtime missing, unsupported, or the hostfile too large.
+    #[error("{0}")]
+    Policy(#[source] Problem),
+    /// GET of the Secret failed.
+    #[error("failed to get the SSH auth Secret: {0}")]
+    GetSecret(#[source] kube::Error),
+    /// Key generation failed.
+    #[error("failed to build SSH Auth secret: {0}")]
+    Keys(#[source] KeyError),
+    /// Creating the Secret failed (other than "already exists").
+    #[error("failed to create the SSH auth Secret: {0}")]
+    CreateSecret(#[source] kube::Error),
+    /// Server-side apply of the ConfigMap failed.
+    #[error("failed to apply the hostfile ConfigMap: {0}")]
+    ApplyConfigMap(#[source] kube::Error),
+    /// This replica stopped being the leader: the reconcile stopped before writing.
+    #[error("not the leader")]
+    NotLeader,
+}
+
+impl Error {
+    /// A short fixed label for the `reconcile_errors_total` metric.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::RuntimeLookup(_) => "runtime_lookup",
+            Error::Policy(Problem::RuntimeNotFound { .. }) => "runtime_not_found",
+            Error::Policy(_) => "policy",
+            Error::GetSecret(_) => "get_secret",
+            Error::Keys(_) => "keys",
+            Error::CreateSecret(_) => "create_secret",
+            Error::ApplyConfigMap(_) => "apply_configmap",
+            Error::NotLeader => "not_leader",
+        }
+    }
+
+    /// Whether only a change to the TrainJob or its runtime can fix this (no point retrying
+    /// fast). A missing runtime is not: it is often created right after its TrainJob.
+    fn is_permanent(&self) -> bool {
+        matches!(
+            self,
+            Error::Policy(
+                Problem::UnsupportedRuntime(_)
+                    | Problem::UnsupportedImplementation(_)
+                    | Problem::HostfileTooLarge(_)
+            )
+        )
+    }
+}
+
+/// What a successful reconcile wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    /// The Secret was created.
+    pub secret: bool,
+    /// The ConfigMap was applied (created, changed or repaired).
+    pub configmap: bool,
+}
+
+/// Everything a reconcile needs. One per leadership term (the caches belong to its watches).
+pub struct Context {
+    client: Client,
+    /// TrainJob and runtime lookups (watch caches with a GET fallback).
+    objects: ClusterObjects,
+    /// Metadata of the Secrets we created (label-selected; never Secret data).
+    secrets: Store<PartialObjectMeta<Secret>>,
+    /// The ConfigMaps we applied (label-selected).
+    configmaps: Store<ConfigMap>,
+    recorder: Recorder,
+    metrics: ReconcileMetrics,
+    leader: watch::Receiver<bool>,
+    retries: Retries,
+    keygen: fn() -> Result<SshKeyPair, KeyError>,
+}
+
+impl Context {
+    /// A context over the given caches. `leader` gates every write; `keygen` makes key pairs
+    /// (tests pass a deterministic one).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        objects: ClusterObjects,
+        secrets: Store<PartialObjectMeta<Secret>>,
+        configmaps: Store<ConfigMap>,
+        recorder: Recorder,
+        metrics: ReconcileMetrics,
+        leader: watch::Receiver<bool>,
+        keygen: fn() -> Result<SshKeyPair, KeyError>,
+    ) -> Self {
+        Self {
+            client,
+            objects,
+            secrets,
+            configmaps,
+            recorder,
+            metrics,
+            leader,
+            retries: Retries::default(),
+            keygen,
+        }
+    }
+
+    /// Checked right before every write, so a replica that lost its Lease stops writing even
+    /// while the controller is still shutting down.
+    fn ensure_leader(&self) -> Result<(), Error> {
+        if *self.leader.borrow() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    async fn caches_synced(&self) {
+        let synced = async {
+            let _ = self.secrets.wait_until_ready().await;
+            let _ = self.configmaps.wait_until_ready().await;
+            let _ = self.objects.synced().await;
+        };
+        if tokio::time::timeout(CACHE_SYNC_TIMEOUT, synced)
+            .await
+            .is_err()
+        {
+            tracing::debug!("caches not synced yet; deciding with GETs");
+        }
+    }
+
+    async fn publish(&self, train_job: &TrainJob, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Reconcile".to_string(),
+            secondary: None,
+        };
+        if let Err(error) = self
+            .recorder
+            .publish(&event, &train_job.object_ref(&()))
+            .await
+        {
+            tracing::warn!(%error, reason, "publishing an Event failed");
+        }
+    }
+}
+
+/// Per-TrainJob retry counters for exponential backoff; reset by a successful reconcile.
+#[derive(Debug, Default)]
+struct Retries(Mutex<HashMap<ObjectRef<TrainJob>, u32>>);
+
+impl Retries {
+    /// Bound on remembered TrainJobs (a deleted failing TrainJob leaves its counter behind).
+    const MAX_ENTRIES: usize = 10_000;
+
+    fn next_delay(&self, key: ObjectRef<TrainJob>) -> Duration {
+        let mut failures = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if failures.len() >= Self::MAX_ENTRIES {
+            failures.clear();
+        }
+        let count = failures.entry(key).or_insert(0);
+        *count = count.saturating_add(1);
+        RETRY_BASE
+            .saturating_mul(2u32.saturating_pow(*count - 1))
+            .min(RETRY_MAX)
+    }
+
+    fn forget(&self, key: &ObjectRef<TrainJob>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+}
+
+/// Reconciles one TrainJob: Secret if absent, then the ConfigMap if it differs from the cache.
+/// Publishes a Normal Event when it wrote something and a Warning Event when it failed.
+///
+/// # Errors
+/// [`Error`] for anything that should be retried; [`error_policy`] decides when.
+pub async fn reconcile(train_job: Arc<TrainJob>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let _timer = ctx.metrics.start_reconcile();
+    if train_job.metadata.deletion_timestamp.is_some() {
+        // Garbage collection deletes the owned objects.
+        return Ok(Action::await_change());
+    }
+    match reconcile_children(&train_job, &ctx).await {
+        Ok(written) => {
+            ctx.retries.forget(&ObjectRef::from_obj(train_job.as_ref()));
+            if let Some(note) = written_note(&train_job, written) {
+                ctx.publish(&train_job, EventType::Normal, "Created", note)
+                    .await;
+            }
+            Ok(Action::await_change())
+        }
+        Err(Error::NotLeader) => Ok(Action::await_change()),
+        Err(error) => {
+            let note = error.to_string();
+            ctx.publish(&train_job, EventType::Warning, FAILED_REASON, note)
+                .await;
+            Err(error)
+        }
+    }
+}
+
+/// Logs and counts the failure, then requeues: quickly at first, doubling up to 5 minutes.
+pub fn error_policy(train_job: Arc<TrainJob>, error: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failure(error.metric_label());
+    let key = ObjectRef::from_obj(train_job.as_ref());
+    let delay = if error.is_permanent() {
+        RETRY_MAX
+    } else {
+        ctx.retries.next_delay(key)
+    };
+    tracing::warn!(
+        namespace = train_job.namespace(),
+        name = train_job.name(),
+        %error,
+        retry_in = ?delay,
+        "reconcile failed"
+    );
+    Action::requeue(delay)
+}
+
+fn written_note(train_job: &TrainJob, written: Written) -> Option<String> {
+    let secret = ssh_secret_name(train_job.name());
+    let configmap = hostfile_configmap_name(train_job.name());
+    match (written.secret, written.configmap) {
+        (true, true) => Some(format!(
+            "Created Secret {secret} and applied ConfigMap {configmap}"
+        )),
+        (true, false) => Some(format!("Created Secret {secret}")),
+        (false, true) => Some(format!("Applied ConfigMap {configmap}")),
+        (false, false) => None,
+    }
+}
+
+async fn reconcile_children(train_job: &TrainJob, ctx: &Context) -> Result<Written, Error> {
+    let (kind, runtime_name) = runtime_ref(train_job).map_err(Error::Policy)?;
+    let runtime = ctx
+        .objects
+        .runtime(kind, train_job.namespace(), runtime_name)
+        .await
+        .map_err(Error::RuntimeLookup)?;
+    let Some(configmap) =
+        hostfile_for(train_job, kind, runtime.as_deref()).map_err(Error::Policy)?
+    else {
+        tracing::debug!(name = train_job.name(), "runtime has no MPI policy");
+        return Ok(Written::default());
+    };
+    ctx.caches_synced().await;
+    // Upstream order (spec D): a Secret GET error emits nothing, not even the ConfigMap.
+    let secret = ensure_secret(train_job, ctx).await?;
+    let configmap = apply_configmap(&configmap, ctx).await?;
+    Ok(Written { secret, configmap })
+}
+
+/// Creates the Secret unless the cache or a GET shows it exists; keys are generated only then.
+/// Returns whether it was created.
+async fn ensure_secret(train_job: &TrainJob, ctx: &Context) -> Result<bool, Error> {
+    let (namespace, name) = (train_job.namespace(), ssh_secret_name(train_job.name()));
+    if ctx
+        .secrets
+        .get(&ObjectRef::new(&name).within(namespace))
+        .is_some()
+    {
+        return Ok(false);
+    }
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), namespace);
+    // Metadata only: the reconciler never needs to read key material.
+    if api
+        .get_metadata_opt(&name)
+        .await
+        .map_err(Error::GetSecret)?
+        .is_some()
+    {
+        return Ok(false);
+    }
+    let secret = ssh_secret(train_job, &(ctx.keygen)().map_err(Error::Keys)?);
+    ctx.ensure_leader()?;
+    let params = PostParams {
+        field_manager: Some(MANAGER.to_string()),
+        ..PostParams::default()
+    };
+    match api.create(&params, &secret).await {
+        Ok(_) => {
+            ctx.metrics.write("secret");
+            Ok(true)
+        }
+        // Another replica (during a Lease handover) won the race: the Secret is there.
+        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(false),
+        Err(error) => Err(Error::CreateSecret(error)),
+    }
+}
+
+/// Server-side applies the ConfigMap unless the cached one already has every field we own.
+/// Returns whether it applied.
+async fn apply_configmap(desired: &ConfigMap, ctx: &Context) -> Result<bool, Error> {
+    let namespace = desired.metadata.namespace.as_deref().unwrap_or_default();
+    let name = desired.metadata.name.as_deref().unwrap_or_default();
+    let key = ObjectRef::new(name).within(namespace);
+    if ctx
+        .configmaps
+        .get(&key)
+        .is_some_and(|cached| applied(&cached, desired))
+    {
+        return Ok(false);
+    }
+    ctx.ensure_leader()?;
+    Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
+        .patch(
+            name,
+            &PatchParams::apply(MANAGER).force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(Error::ApplyConfigMap)?;
+    ctx.metrics.write("configmap");
+    Ok(true)
+}
+
+/// Whether applying `desired` would change nothing: every data key, label and owner reference
+/// we set is present with our value. Keys others added are not ours to remove (server-side
+/// apply keeps them too), so they do not count as drift.
+fn applied(cached: &ConfigMap, desired: &ConfigMap) -> bool {
+    fn contains<K: Ord, V: PartialEq>(
+        have: Option<&std::collections::BTreeMap<K, V>>,
+        want: Option<&std::collections::BTreeMap<K, V>>,
+    ) -> bool {
+        want.into_iter()
+            .flatten()
+            .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+    }
+    let owners = cached
+        .metadata
+        .owner_references
+        .as_deref()
+        .unwrap_or_default();
+    contains(cached.data.as_ref(), desired.data.as_ref())
+        && contains(
+            cached.metadata.labels.as_ref(),
+            desired.metadata.labels.as_ref(),
+        )
+        && desired
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .all(|o| owners.contains(o))
+}

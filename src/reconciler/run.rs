@@ -1,0 +1,355 @@
+//! Wiring of `mpi-webhook reconcile`: the kube client, the probe server, leader election and,
+//! for each leadership term, a fresh [`Controller`] over TrainJobs.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::{self, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::cli::ReconcileArgs;
+use crate::mpi::ssh_secret::generate_key_pair;
+use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
+use crate::objects::cluster::{CacheMetrics, ClusterObjects, reflect};
+use crate::render::runtime_ref;
+
+use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};
+use super::metrics::{Probes, ReconcileMetrics, probes_router};
+use super::{Context, error_policy, reconcile};
+
+/// Timeout of every Lease request: below the renewal grace, so a hung renewal fails (and the
+/// replica steps down) before the Lease can expire and be taken by another replica.
+const LEASE_REQUEST_TIMEOUT: Duration = Duration::from_secs(4);
+/// TrainJobs reconciled at once.
+const CONCURRENCY: u16 = 8;
+
+/// `reconcile` could not start, or its probe server failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// No usable kubeconfig or in-cluster configuration.
+    #[error("Kubernetes configuration: {0}")]
+    Config(#[source] kube::config::InferConfigError),
+    /// The kube client could not be built.
+    #[error("Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+    /// The probe listener could not be bound or failed.
+    #[error("--metrics-listen {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Waiting for SIGTERM could not be set up.
+    #[error("installing the signal handler: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+impl ReconcileError {
+    /// A short fixed label for logs and metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ReconcileError::Config(_) => "config",
+            ReconcileError::Client(_) => "client",
+            ReconcileError::Listen { .. } => "listen",
+            ReconcileError::Signal(_) => "signal",
+        }
+    }
+}
+
+/// What every leadership term shares.
+#[derive(Clone)]
+pub(super) struct Shared {
+    pub(super) client: Client,
+    pub(super) recorder: Recorder,
+    pub(super) metrics: ReconcileMetrics,
+    pub(super) cache_metrics: CacheMetrics,
+}
+
+/// Runs `mpi-webhook reconcile` until SIGTERM / Ctrl-C: probes on `--metrics-listen`, and the
+/// controller while this replica leads (always, without `--leader-elect`).
+///
+/// # Errors
+/// [`ReconcileError`] when the cluster configuration, the listener or the signal handler cannot
+/// be set up.
+pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
+    // The server installs the same provider in main; repeating it here is harmless.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let config = kube::Config::infer()
+        .await
+        .map_err(ReconcileError::Config)?;
+    let client = Client::try_from(config.clone()).map_err(ReconcileError::Client)?;
+    let settings = lease_settings(&args, &client);
+    let mut registry = Registry::with_prefix("mpi_webhook");
+    let shared = Shared {
+        recorder: Recorder::new(client.clone(), reporter(&settings.holder)),
+        metrics: ReconcileMetrics::register(&mut registry),
+        cache_metrics: CacheMetrics::register(&mut registry),
+        client,
+    };
+    let probes = Probes::new(registry);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let probe_server = serve_probes(args.metrics_listen, probes.clone(), stop_rx.clone()).await?;
+    // The Lease is released only after the controller stopped, so a standby never starts
+    // writing while this replica's last reconciles are still finishing.
+    let (release_tx, release_rx) = watch::channel(false);
+    let (leader, election) = if args.leader_elect {
+        let lease_client = lease_client(config)?;
+        let (tx, rx) = watch::channel(false);
+        tracing::info!(lease = %settings.name, namespace = %settings.namespace, holder = %settings.holder, "leader election on");
+        let election = tokio::spawn(elect(lease_client, settings, tx, release_rx));
+        (rx, Some(election))
+    } else {
+        tracing::info!("leader election off: reconciling as the only writer");
+        (leader_always(stop_rx.clone()), None)
+    };
+    probes.set_ready(true);
+    let signal = shutdown_signal()?;
+    tokio::spawn(async move {
+        signal.await;
+        tracing::info!("shutting down");
+        stop_tx.send_replace(true);
+    });
+    run_while_leader(leader.clone(), stop_rx, |stop| {
+        lead(&shared, leader.clone(), stop)
+    })
+    .await;
+    release_tx.send_replace(true);
+    if let Some(election) = election
+        && tokio::time::timeout(LEASE_REQUEST_TIMEOUT * 2, election)
+            .await
+            .is_err()
+    {
+        tracing::warn!("releasing the Lease timed out; it expires on its own");
+    }
+    let _ = probe_server.await;
+    Ok(())
+}
+
+fn lease_settings(args: &ReconcileArgs, client: &Client) -> LeaseSettings {
+    LeaseSettings {
+        name: args.lease_name.clone(),
+        namespace: args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_string()),
+        holder: args.lease_holder.clone().unwrap_or_else(hostname),
+    }
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| format!("mpi-webhook-{}", std::process::id()))
+}
+
+fn reporter(holder: &str) -> Reporter {
+    Reporter {
+        controller: MANAGER.to_string(),
+        instance: Some(holder.to_string()),
+    }
+}
+
+/// A client whose requests fail fast: Lease renewals must not hang past the Lease's expiry.
+fn lease_client(mut config: kube::Config) -> Result<Client, ReconcileError> {
+    config.connect_timeout = Some(LEASE_REQUEST_TIMEOUT);
+    config.read_timeout = Some(LEASE_REQUEST_TIMEOUT);
+    config.write_timeout = Some(LEASE_REQUEST_TIMEOUT);
+    Client::try_from(config).map_err(ReconcileError::Client)
+}
+
+/// Without leader election this replica always leads; the sender lives until shutdown.
+fn leader_always(mut shutdown: watch::Receiver<bool>) -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(true);
+    tokio::spawn(async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+        tx.send_replace(false);
+    });
+    rx
+}
+
+async fn serve_probes(
+    addr: std::net::SocketAddr,
+    probes: Arc<Probes>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<()>, ReconcileError> {
+    let listen_error = |source| ReconcileError::Listen { addr, source };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(listen_error)?;
+    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
+    Ok(tokio::spawn(async move {
+        let shutdown = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        if let Err(error) = axum::serve(listener, probes_router(probes))
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(%error, "probe server failed");
+        }
+    }))
+}
+
+fn shutdown_signal() -> Result<impl Future<Output = ()> + Send + 'static, ReconcileError> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(ReconcileError::Signal)?;
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    })
+}
+
+/// One leadership term: fresh watches and caches, reconciling until `stop` resolves.
+pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: TermEnd) {
+    shared.metrics.set_leader(true);
+    let (controller, ctx) = controller(shared, leader);
+    controller
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, Arc::new(ctx))
+        .for_each(|result| {
+            match result {
+                Ok((object, _)) => tracing::debug!(%object, "reconciled"),
+                Err(controller::Error::ReconcilerFailed(..)) => {} // logged by error_policy
+                Err(error) => tracing::debug!(%error, "controller"),
+            }
+            futures::future::ready(())
+        })
+        .await;
+    shared.metrics.set_leader(false);
+}
+
+/// The label selector of everything the reconciler creates, so its Secret and ConfigMap
+/// watches never see (or cache) anybody else's.
+pub fn managed_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGER}")
+}
+
+/// Builds the controller and its context: TrainJobs drive it; our labelled Secrets (metadata
+/// only) and ConfigMaps trigger their owner; a changed runtime triggers the TrainJobs using it.
+fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<TrainJob>, Context) {
+    let (client, metrics) = (&shared.client, &shared.cache_metrics);
+    let owned = watcher::Config::default().labels(&managed_selector());
+    let jobs = Writer::<TrainJob>::new(());
+    let jobs_store = jobs.as_reader();
+    let jobs_stream = reflect(
+        watcher(Api::all(client.clone()), watcher::Config::default()),
+        jobs,
+        "trainjobs",
+        metrics,
+    )
+    .applied_objects();
+    let secrets = Writer::<PartialObjectMeta<Secret>>::new(());
+    let secrets_store = secrets.as_reader();
+    let secrets_stream = reflect(
+        watcher(
+            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            owned.clone(),
+        ),
+        secrets,
+        "secrets",
+        metrics,
+    )
+    .touched_objects();
+    let configmaps = Writer::<ConfigMap>::new(());
+    let configmaps_store = configmaps.as_reader();
+    let configmaps_stream = reflect(
+        watcher(Api::<ConfigMap>::all(client.clone()), owned),
+        configmaps,
+        "configmaps",
+        metrics,
+    )
+    .touched_objects();
+    let (local_store, local_stream) = runtimes(client, RuntimeKind::TrainingRuntime, metrics);
+    let (cluster_store, cluster_stream) =
+        runtimes(client, RuntimeKind::ClusterTrainingRuntime, metrics);
+    let objects = ClusterObjects::from_stores(
+        client.clone(),
+        jobs_store.clone(),
+        local_store,
+        cluster_store,
+        metrics.clone(),
+    );
+    let controller = Controller::for_stream(jobs_stream, jobs_store.clone())
+        .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        .owns_stream(secrets_stream)
+        .owns_stream(configmaps_stream)
+        .watches_stream_with(
+            local_stream,
+            users_of(jobs_store.clone(), RuntimeKind::TrainingRuntime),
+            RuntimeKind::TrainingRuntime,
+        )
+        .watches_stream_with(
+            cluster_stream,
+            users_of(jobs_store, RuntimeKind::ClusterTrainingRuntime),
+            RuntimeKind::ClusterTrainingRuntime,
+        );
+    let ctx = Context::new(
+        client.clone(),
+        objects,
+        secrets_store,
+        configmaps_store,
+        shared.recorder.clone(),
+        shared.metrics.clone(),
+        leader,
+        generate_key_pair,
+    );
+    (controller, ctx)
+}
+
+type RuntimeStream = futures::stream::BoxStream<'static, Result<TrainingRuntime, watcher::Error>>;
+
+fn runtimes(
+    client: &Client,
+    kind: RuntimeKind,
+    metrics: &CacheMetrics,
+) -> (Store<TrainingRuntime>, RuntimeStream) {
+    let writer = Writer::<TrainingRuntime>::new(kind);
+    let store = writer.as_reader();
+    let api = Api::<TrainingRuntime>::all_with(client.clone(), &kind);
+    let stream = reflect(
+        watcher(api, watcher::Config::default()),
+        writer,
+        kind.resource(),
+        metrics,
+    )
+    .applied_objects()
+    .boxed();
+    (store, stream)
+}
+
+/// Maps a changed runtime of `kind` to the TrainJobs that use it.
+pub fn users_of(
+    jobs: Store<TrainJob>,
+    kind: RuntimeKind,
+) -> impl Fn(TrainingRuntime) -> Vec<ObjectRef<TrainJob>> + Send + Sync + 'static {
+    move |runtime| {
+        jobs.state()
+            .iter()
+            .filter(|job| uses(job, kind, &runtime))
+            .map(|job| ObjectRef::from_obj(job.as_ref()))
+            .collect()
+    }
+}
+
+fn uses(job: &TrainJob, kind: RuntimeKind, runtime: &TrainingRuntime) -> bool {
+    let same_namespace = kind == RuntimeKind::ClusterTrainingRuntime
+        || runtime.metadata.namespace.as_deref() == Some(job.namespace());
+    same_namespace && runtime_ref(job).is_ok_and(|r| r == (kind, runtime.name()))
+}

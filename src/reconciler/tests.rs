@@ -1,0 +1,680 @@
+//! Mock API server scenarios for the reconciler: a tower-test pair behind a real `kube::Client`.
+//! Each test scripts the whole conversation (method, URI, exact JSON body, reply) and awaits
+//! both the reconcile and the script with a timeout. A reconcile that makes a call the script
+//! does not expect hangs waiting for its reply and fails on the timeout; a script that expects
+//! a call the reconcile never makes fails the same way.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, Response};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::Client;
+use kube::client::Body;
+use kube::core::PartialObjectMeta;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Recorder, Reporter};
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::run::{Shared, lead, managed_selector, users_of};
+use super::*;
+use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::mpi::ssh_secret::SshKeyPair;
+use crate::objects::cluster::tests::synced_store;
+use crate::objects::cluster::{CacheMetrics, ClusterObjects};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+const SECRET_URL: &str = "/api/v1/namespaces/team/secrets";
+const CONFIGMAP_URL: &str =
+    "/api/v1/namespaces/team/configmaps/pi-mpi-hostfile?&force=true&fieldManager=mpi-webhook";
+const EVENTS_URL: &str = "/apis/events.k8s.io/v1/namespaces/team/events?";
+
+type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+type Reply = tower_test::mock::SendResponse<Response<Body>>;
+
+fn fixed_keys() -> Result<SshKeyPair, KeyError> {
+    Ok(SshKeyPair {
+        private_key_pem: "-----BEGIN EC PRIVATE KEY-----\nKEY\n-----END EC PRIVATE KEY-----\n"
+            .into(),
+        public_key_line: "ecdsa-sha2-nistp521 AAAA\n".into(),
+    })
+}
+
+fn train_job() -> TrainJob {
+    serde_json::from_value(json!({
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": {"name": "pi", "namespace": "team", "uid": "uid-1"},
+        "spec": {"runtimeRef": {"name": "deepspeed"}, "trainer": {"numNodes": 3}}
+    }))
+    .expect("TrainJob")
+}
+
+fn runtime(mpi: Option<Value>) -> TrainingRuntime {
+    let node = |name: &str| {
+        json!({"name": name, "template": {"spec": {"template": {"spec": {
+            "containers": [{"name": "node", "image": "mpi"}]}}}}})
+    };
+    let mut ml_policy = json!({"numNodes": 1});
+    if let Some(mpi) = mpi {
+        ml_policy["mpi"] = mpi;
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": "deepspeed"},
+        "spec": {"mlPolicy": ml_policy, "template": {"spec": {
+            "replicatedJobs": [node("node"), node("launcher")]}}}
+    }))
+    .expect("runtime")
+}
+
+fn mpi_runtime() -> TrainingRuntime {
+    runtime(Some(
+        json!({"numProcPerNode": 1, "runLauncherAsNode": true}),
+    ))
+}
+
+/// The exact ConfigMap the reconciler must apply for [`train_job`] on [`mpi_runtime`].
+fn expected_configmap() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "pi-mpi-hostfile",
+            "namespace": "team",
+            "labels": {"app.kubernetes.io/managed-by": "mpi-webhook"},
+            "ownerReferences": [{
+                "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "pi",
+                "uid": "uid-1", "controller": true, "blockOwnerDeletion": true
+            }]
+        },
+        "data": {"hostfile": "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\npi-launcher-0-0.pi slots=1\n"}
+    })
+}
+
+fn expected_secret() -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": "pi-mpi-ssh-auth",
+            "namespace": "team",
+            "labels": {"app.kubernetes.io/managed-by": "mpi-webhook"},
+            "ownerReferences": [{
+                "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "pi",
+                "uid": "uid-1", "controller": true, "blockOwnerDeletion": true
+            }]
+        },
+        "type": "kubernetes.io/ssh-auth",
+        "immutable": true,
+        "data": {
+            "ssh-privatekey": "LS0tLS1CRUdJTiBFQyBQUklWQVRFIEtFWS0tLS0tCktFWQotLS0tLUVORCBFQyBQUklWQVRFIEtFWS0tLS0tCg==",
+            "ssh-publickey": "ZWNkc2Etc2hhMi1uaXN0cDUyMSBBQUFBCg=="
+        }
+    })
+}
+
+fn secret_metadata() -> PartialObjectMeta<Secret> {
+    serde_json::from_value(json!({
+        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+        "metadata": {"name": "pi-mpi-ssh-auth", "namespace": "team"}
+    }))
+    .expect("metadata")
+}
+
+/// What is in the caches when the reconcile runs.
+#[derive(Default)]
+struct Caches {
+    runtime: Option<TrainingRuntime>,
+    secret: bool,
+    configmap: Option<ConfigMap>,
+}
+
+struct Fixture {
+    ctx: Arc<Context>,
+    server: ApiServer,
+    leader: watch::Sender<bool>,
+    metrics: ReconcileMetrics,
+}
+
+fn fixture(caches: Caches) -> Fixture {
+    let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let objects = ClusterObjects::from_stores(
+        client.clone(),
+        synced_store((), vec![]),
+        synced_store(RuntimeKind::TrainingRuntime, vec![]),
+        synced_store(
+            RuntimeKind::ClusterTrainingRuntime,
+            caches.runtime.into_iter().collect(),
+        ),
+        CacheMetrics::default(),
+    );
+    let secrets = caches.secret.then(secret_metadata).into_iter().collect();
+    let (leader, leader_rx) = watch::channel(true);
+    let metrics = ReconcileMetrics::default();
+    let reporter = Reporter {
+        controller: "mpi-webhook".into(),
+        instance: Some("test".into()),
+    };
+    let ctx = Context::new(
+        client.clone(),
+        objects,
+        synced_store((), secrets),
+        synced_store((), caches.configmap.into_iter().collect()),
+        Recorder::new(client, reporter),
+        metrics.clone(),
+        leader_rx,
+        fixed_keys,
+    );
+    Fixture {
+        ctx: Arc::new(ctx),
+        server: ApiServer(handle),
+        leader,
+        metrics,
+    }
+}
+
+/// The other end of the client: asserts each request and answers it.
+struct ApiServer(Handle);
+
+impl ApiServer {
+    /// Takes the next request, asserts its method and URI, returns its JSON body (Null if none).
+    async fn expect(&mut self, method: Method, uri: &str) -> (Value, Reply) {
+        let (request, reply) = self.0.next_request().await.expect("a request");
+        assert_eq!(request.method(), method, "{}", request.uri());
+        assert_eq!(request.uri().to_string(), uri);
+        let bytes = request.into_body().collect_bytes().await.expect("body");
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).expect("JSON body")
+        };
+        (body, reply)
+    }
+
+    async fn secret_get(&mut self, status: u16) {
+        let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth");
+        let (_, reply) = self.expect(Method::GET, &uri).await;
+        match status {
+            200 => respond(
+                reply,
+                200,
+                &serde_json::to_value(secret_metadata()).expect("json"),
+            ),
+            code => respond(reply, code, &status_body(code)),
+        }
+    }
+
+    async fn secret_create(&mut self, status: u16) {
+        let uri = format!("{SECRET_URL}?&fieldManager=mpi-webhook");
+        let (body, reply) = self.expect(Method::POST, &uri).await;
+        assert_eq!(body, expected_secret());
+        match status {
+            201 => respond(reply, 201, &body),
+            code => respond(reply, code, &status_body(code)),
+        }
+    }
+
+    async fn configmap_apply(&mut self) {
+        let (body, reply) = self.expect(Method::PATCH, CONFIGMAP_URL).await;
+        assert_eq!(body, expected_configmap());
+        respond(reply, 200, &body);
+    }
+
+    /// An Event on the TrainJob; returns (type, reason, note).
+    /// A repeated Event is a PATCH of the first one's series (the Recorder aggregates).
+    async fn event(&mut self) -> (String, String, String) {
+        let (request, reply) = self.0.next_request().await.expect("a request");
+        let uri = request.uri().to_string();
+        let repeated =
+            request.method() == Method::PATCH && uri.starts_with(EVENTS_URL.trim_end_matches('?'));
+        assert!(
+            (request.method() == Method::POST && uri == EVENTS_URL) || repeated,
+            "{} {uri}",
+            request.method()
+        );
+        let bytes = request.into_body().collect_bytes().await.expect("body");
+        let body: Value = serde_json::from_slice(&bytes).expect("JSON body");
+        assert_eq!(body["regarding"]["name"], "pi");
+        assert_eq!(body["regarding"]["kind"], "TrainJob");
+        assert_eq!(body["reportingController"], "mpi-webhook");
+        let text = |key: &str| body[key].as_str().unwrap_or_default().to_string();
+        let seen = (text("type"), text("reason"), text("note"));
+        respond(reply, 201, &body);
+        seen
+    }
+}
+
+fn respond(reply: Reply, status: u16, body: &Value) {
+    let bytes = serde_json::to_vec(body).expect("json");
+    let response = Response::builder()
+        .status(status)
+        .body(Body::from(bytes))
+        .expect("response");
+    reply.send_response(response);
+}
+
+fn status_body(code: u16) -> Value {
+    let reason = match code {
+        404 => "NotFound",
+        409 => "AlreadyExists",
+        _ => "InternalError",
+    };
+    json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+           "message": format!("scripted {code}"), "reason": reason, "code": code})
+}
+
+/// Runs one reconcile against a script; both must finish within [`TIMEOUT`].
+async fn converse<S, F>(ctx: &Arc<Context>, server: ApiServer, script: S) -> Result<Action, Error>
+where
+    S: FnOnce(ApiServer) -> F + Send + 'static,
+    F: Future<Output = ()> + Send + 'static,
+{
+    let script = tokio::spawn(script(server));
+    let result = tokio::time::timeout(TIMEOUT, reconcile(Arc::new(train_job()), ctx.clone()))
+        .await
+        .expect("reconcile finished (an unscripted call would hang here)");
+    tokio::time::timeout(TIMEOUT, script)
+        .await
+        .expect("script finished (a scripted call was never made)")
+        .expect("script passed");
+    result
+}
+
+#[tokio::test]
+async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        ..Caches::default()
+    });
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.secret_get(404).await;
+        api.secret_create(201).await;
+        api.configmap_apply().await;
+        let (type_, reason, note) = api.event().await;
+        assert_eq!(type_, "Normal");
+        assert_eq!(reason, "Created");
+        assert_eq!(
+            note,
+            "Created Secret pi-mpi-ssh-auth and applied ConfigMap pi-mpi-hostfile"
+        );
+    })
+    .await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+    assert_eq!(
+        (f.metrics.writes("secret"), f.metrics.writes("configmap")),
+        (1, 1)
+    );
+}
+
+#[tokio::test]
+async fn existing_secret_is_never_touched() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        ..Caches::default()
+    });
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.secret_get(200).await;
+        api.configmap_apply().await;
+        let (_, _, note) = api.event().await;
+        assert_eq!(note, "Applied ConfigMap pi-mpi-hostfile");
+    })
+    .await;
+    assert!(result.is_ok());
+    assert_eq!(f.metrics.writes("secret"), 0);
+}
+
+#[tokio::test]
+async fn secret_created_by_a_racing_replica_counts_as_success() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        ..Caches::default()
+    });
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.secret_get(404).await;
+        api.secret_create(409).await;
+        api.configmap_apply().await;
+        let (_, _, note) = api.event().await;
+        assert_eq!(note, "Applied ConfigMap pi-mpi-hostfile");
+    })
+    .await;
+    assert!(result.is_ok());
+}
+
+#[tokio::test]
+async fn up_to_date_caches_mean_no_calls_at_all() {
+    let cached: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        secret: true,
+        configmap: Some(cached),
+    });
+    let result = converse(&f.ctx, f.server, |_api| async {}).await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+    assert_eq!(
+        (f.metrics.writes("secret"), f.metrics.writes("configmap")),
+        (0, 0)
+    );
+}
+
+#[tokio::test]
+async fn edited_configmap_is_repaired_but_foreign_additions_are_not_drift() {
+    let mut edited: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
+    let data = edited.data.get_or_insert_default();
+    data.insert("hostfile".into(), "edited\n".into());
+    let mut added = edited.clone();
+    added.data.get_or_insert_default().insert(
+        "hostfile".into(),
+        expected_configmap()["data"]["hostfile"]
+            .as_str()
+            .unwrap_or_default()
+            .into(),
+    );
+    added
+        .data
+        .get_or_insert_default()
+        .insert("extra".into(), "theirs".into());
+    assert!(applied(
+        &added,
+        &serde_json::from_value(expected_configmap()).expect("cm")
+    ));
+
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        secret: true,
+        configmap: Some(edited),
+    });
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.configmap_apply().await;
+        api.event().await;
+    })
+    .await;
+    assert!(result.is_ok());
+}
+
+#[tokio::test]
+async fn secret_get_error_creates_nothing_and_is_retried_with_backoff() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        ..Caches::default()
+    });
+    let job = Arc::new(train_job());
+    let mut server = f.server;
+    for expected_delay in [1, 2] {
+        let (script_server, result) = {
+            let script = tokio::spawn(async move {
+                server.secret_get(500).await;
+                let (type_, reason, note) = server.event().await;
+                assert_eq!(
+                    (type_.as_str(), reason.as_str()),
+                    ("Warning", FAILED_REASON)
+                );
+                assert!(
+                    note.starts_with("failed to get the SSH auth Secret"),
+                    "{note}"
+                );
+                server
+            });
+            let result = tokio::time::timeout(TIMEOUT, reconcile(job.clone(), f.ctx.clone()))
+                .await
+                .expect("reconcile finished");
+            (script.await.expect("script"), result)
+        };
+        server = script_server;
+        let error = result.expect_err("GET failed");
+        assert_eq!(error.metric_label(), "get_secret");
+        let action = error_policy(job.clone(), &error, f.ctx.clone());
+        assert_eq!(action, Action::requeue(Duration::from_secs(expected_delay)));
+    }
+    assert_eq!(f.metrics.failures("get_secret"), 2);
+    // The retry succeeds, which resets the backoff.
+    let result = converse(&f.ctx, server, |mut api| async move {
+        api.secret_get(404).await;
+        api.secret_create(201).await;
+        api.configmap_apply().await;
+        api.event().await;
+    })
+    .await;
+    assert!(result.is_ok());
+    let error = Error::NotLeader;
+    assert_eq!(
+        error_policy(job, &error, f.ctx.clone()),
+        Action::requeue(Duration::from_secs(1))
+    );
+}
+
+#[tokio::test]
+async fn runtime_without_mpi_policy_means_no_calls() {
+    let f = fixture(Caches {
+        runtime: Some(runtime(None)),
+        ..Caches::default()
+    });
+    let result = converse(&f.ctx, f.server, |_api| async {}).await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+}
+
+#[tokio::test]
+async fn missing_runtime_publishes_a_warning_and_requeues() {
+    let f = fixture(Caches::default());
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        let uri = "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/deepspeed";
+        let (_, reply) = api.expect(Method::GET, uri).await;
+        respond(reply, 404, &status_body(404));
+        let (type_, reason, note) = api.event().await;
+        assert_eq!(
+            (type_.as_str(), reason.as_str()),
+            ("Warning", FAILED_REASON)
+        );
+        assert_eq!(note, r#"ClusterTrainingRuntime "deepspeed" not found"#);
+    })
+    .await;
+    let error = result.expect_err("runtime missing");
+    assert_eq!(error.metric_label(), "runtime_not_found");
+    let action = error_policy(Arc::new(train_job()), &error, f.ctx.clone());
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)));
+}
+
+#[tokio::test]
+async fn unsupported_implementation_is_reported_and_retried_slowly() {
+    let f = fixture(Caches {
+        runtime: Some(runtime(Some(json!({"mpiImplementation": ""})))),
+        ..Caches::default()
+    });
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        let (type_, _, note) = api.event().await;
+        assert_eq!(type_, "Warning");
+        assert!(note.contains("deepspeed"), "{note}");
+    })
+    .await;
+    let error = result.expect_err("unsupported");
+    assert_eq!(error.metric_label(), "policy");
+    let action = error_policy(Arc::new(train_job()), &error, f.ctx.clone());
+    assert_eq!(action, Action::requeue(RETRY_MAX));
+}
+
+#[tokio::test]
+async fn lost_lease_means_no_writes() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        secret: true,
+        ..Caches::default()
+    });
+    f.leader.send_replace(false);
+    // The Secret is cached and the ConfigMap missing: a leader would apply it.
+    let result = converse(&f.ctx, f.server, |_api| async {}).await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        ..Caches::default()
+    });
+    f.leader.send_replace(false);
+    // Reads are fine; the create is not.
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.secret_get(404).await;
+    })
+    .await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+    assert_eq!(
+        (f.metrics.writes("secret"), f.metrics.writes("configmap")),
+        (0, 0)
+    );
+}
+
+#[tokio::test]
+async fn deleted_train_job_is_left_to_garbage_collection() {
+    let f = fixture(Caches::default());
+    let mut job = train_job();
+    job.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+    ));
+    let result = tokio::time::timeout(TIMEOUT, reconcile(Arc::new(job), f.ctx.clone()))
+        .await
+        .expect("no calls");
+    assert_eq!(result.expect("ok"), Action::await_change());
+    drop(f.server);
+}
+
+#[test]
+fn runtime_changes_map_to_the_train_jobs_using_them() {
+    let job = |name: &str, namespace: &str, kind: &str, runtime: &str| -> TrainJob {
+        serde_json::from_value(json!({"metadata": {"name": name, "namespace": namespace},
+            "spec": {"runtimeRef": {"name": runtime, "kind": kind}}}))
+        .expect("TrainJob")
+    };
+    let jobs = synced_store(
+        (),
+        vec![
+            job("a", "team", "ClusterTrainingRuntime", "deepspeed"),
+            job("b", "other", "ClusterTrainingRuntime", "deepspeed"),
+            job("c", "team", "TrainingRuntime", "deepspeed"),
+            job("d", "other", "TrainingRuntime", "deepspeed"),
+            job("e", "team", "ClusterTrainingRuntime", "mlx"),
+        ],
+    );
+    let names = |refs: Vec<kube::runtime::reflector::ObjectRef<TrainJob>>| {
+        let mut names: Vec<String> = refs.into_iter().map(|r| r.name).collect();
+        names.sort();
+        names
+    };
+    let cluster = users_of(jobs.clone(), RuntimeKind::ClusterTrainingRuntime);
+    assert_eq!(names(cluster(mpi_runtime())), ["a", "b"]);
+    let mut local_runtime = mpi_runtime();
+    local_runtime.metadata.namespace = Some("team".into());
+    let local = users_of(jobs, RuntimeKind::TrainingRuntime);
+    assert_eq!(names(local(local_runtime)), ["c"]);
+}
+
+#[tokio::test]
+async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let shared = Shared {
+        recorder: Recorder::new(client.clone(), Reporter::from("mpi-webhook")),
+        client,
+        metrics: ReconcileMetrics::default(),
+        cache_metrics: CacheMetrics::default(),
+    };
+    let (leader, leader_rx) = watch::channel(true);
+    let controller = tokio::spawn(async move {
+        let (stop_tx, mut stop_rx) = watch::channel(false);
+        let stop = Box::pin(async move {
+            let _ = stop_rx.wait_for(|s| *s).await;
+        });
+        let run = lead(&shared, leader_rx, stop);
+        tokio::pin!(run);
+        // Keep `stop_tx` alive while the controller runs.
+        let _keep = stop_tx;
+        run.await;
+    });
+    let mut seen = Vec::new();
+    for _ in 0..5 {
+        let (request, _reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
+            .await
+            .expect("a watch request")
+            .expect("open");
+        let accept = request
+            .headers()
+            .get(http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        seen.push((
+            request.uri().path().to_string(),
+            request.uri().query().unwrap_or_default().to_string(),
+            accept,
+        ));
+    }
+    seen.sort();
+    let selector = format!(
+        "labelSelector={}",
+        managed_selector().replace('/', "%2F").replace('=', "%3D")
+    );
+    let paths: Vec<&str> = seen.iter().map(|(p, _, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/api/v1/configmaps",
+            "/api/v1/secrets",
+            "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
+            "/apis/trainer.kubeflow.org/v1alpha1/trainingruntimes",
+            "/apis/trainer.kubeflow.org/v1alpha1/trainjobs",
+        ]
+    );
+    for (path, query, accept) in &seen {
+        let owned = path.starts_with("/api/v1/");
+        assert_eq!(query.contains(&selector), owned, "{path}?{query}");
+        assert_eq!(
+            accept.contains("PartialObjectMetadata"),
+            path.ends_with("/secrets"),
+            "{path}: {accept}"
+        );
+    }
+    leader.send_replace(false);
+    drop(leader);
+    controller.abort();
+}
+
+#[tokio::test]
+async fn controller_runs_only_while_leading() {
+    let (leader, leader_rx) = watch::channel(false);
+    let (shutdown, shutdown_rx) = watch::channel(false);
+    let (terms_tx, mut terms) = tokio::sync::mpsc::unbounded_channel::<&'static str>();
+    let gate = tokio::spawn(run_while_leader(leader_rx, shutdown_rx, move |end| {
+        let terms = terms_tx.clone();
+        async move {
+            let _ = terms.send("started");
+            end.await;
+            let _ = terms.send("stopped");
+        }
+    }));
+    let next = |terms: &mut tokio::sync::mpsc::UnboundedReceiver<&'static str>| {
+        let pending = terms.try_recv();
+        pending.ok()
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(next(&mut terms), None, "not leader: nothing runs");
+    leader.send_replace(true);
+    assert_eq!(terms.recv().await, Some("started"));
+    leader.send_replace(false);
+    assert_eq!(
+        terms.recv().await,
+        Some("stopped"),
+        "lost lease: the term ends"
+    );
+    leader.send_replace(true);
+    assert_eq!(
+        terms.recv().await,
+        Some("started"),
+        "re-elected: a fresh term"
+    );
+    shutdown.send_replace(true);
+    assert_eq!(terms.recv().await, Some("stopped"));
+    tokio::time::timeout(TIMEOUT, gate)
+        .await
+        .expect("gate returns on shutdown")
+        .expect("no panic");
+}
