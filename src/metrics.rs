@@ -17,6 +17,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use crate::objects::cluster::CacheMetrics;
+
 /// How one admission request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
@@ -92,6 +94,7 @@ pub struct Metrics {
     objects_reloads: Family<ResultLabels, Counter>,
     task_restarts: Family<TaskLabels, Counter>,
     ready: Gauge,
+    cache: CacheMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -150,6 +153,7 @@ impl Metrics {
         );
         let ready = Gauge::default();
         registry.register("ready", "1 when /readyz answers 200", ready.clone());
+        let cache = CacheMetrics::register(&mut registry);
         Self {
             registry,
             requests,
@@ -159,7 +163,13 @@ impl Metrics {
             objects_reloads,
             task_restarts,
             ready,
+            cache,
         }
+    }
+
+    /// The watch-cache metrics (`watch_errors_total`, `cache_misses_total`) of the cluster source.
+    pub fn cache(&self) -> &CacheMetrics {
+        &self.cache
     }
 
     /// Records one admission request.

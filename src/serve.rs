@@ -25,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use crate::certs::{self, CertsError};
 use crate::cli::ServeArgs;
 use crate::metrics::Metrics;
+use crate::objects::cluster::ClusterObjects;
 use crate::objects::{LoadError, ObjectSource, Snapshot};
 use crate::reload::{DirReloader, LiveSnapshot, supervise};
 use crate::server::{self, AppState, Readiness};
@@ -65,11 +66,15 @@ pub enum ServeError {
     /// The embedded runtimes do not load (a build of a broken tree).
     #[error("loading the shipped runtimes: {0}")]
     Shipped(#[source] LoadError),
-    /// A cluster configuration exists but the cluster object source is not available.
-    #[error(
-        "a Kubernetes configuration was found ({0}) but this build cannot read objects from the cluster yet; pass --objects-dir DIR"
-    )]
-    ClusterSourceUnavailable(String),
+    /// A Kubernetes configuration was found but no client could be built from it.
+    #[error("Kubernetes client for {url}: {source}")]
+    KubeClient {
+        /// The API server URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
     /// A listener could not be bound.
     #[error("binding {what} on {addr}: {source}")]
     Bind {
@@ -238,14 +243,38 @@ pub async fn start(options: ServeOptions, objects: ServeObjects) -> Result<Runni
             readiness.set_objects_loaded();
         }
         ServeObjects::Cluster(config) => {
-            // Issue 4 wires the watch-backed cluster source in here (it sets `readiness` after
-            // its initial sync and is passed to `start_with` instead of `live`).
-            return Err(ServeError::ClusterSourceUnavailable(
-                config.cluster_url.to_string(),
-            ));
+            return start_cluster(options, *config, readiness, metrics).await;
         }
     }
     let mut running = start_with(options, live, readiness, metrics).await?;
+    running.tasks.extend(tasks);
+    Ok(running)
+}
+
+/// Serves from watch-backed caches of the cluster; `/readyz` waits for their initial lists.
+async fn start_cluster(
+    options: ServeOptions,
+    config: kube::Config,
+    readiness: Readiness,
+    metrics: Arc<Metrics>,
+) -> Result<Running, ServeError> {
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).map_err(|source| ServeError::KubeClient {
+        url: url.clone(),
+        source,
+    })?;
+    tracing::info!(%url, "reading objects from the cluster (watch-backed caches)");
+    let (objects, driver) = ClusterObjects::watch(client, metrics.cache().clone());
+    // The driver never ends: a failed watch reconnects with backoff inside it.
+    let mut tasks = vec![tokio::spawn(driver)];
+    let (synced, ready) = (objects.clone(), readiness.clone());
+    tasks.push(tokio::spawn(async move {
+        if synced.synced().await.is_ok() {
+            tracing::info!("object caches synced");
+            ready.set_objects_loaded();
+        }
+    }));
+    let mut running = start_with(options, Arc::new(objects), readiness, metrics).await?;
     running.tasks.extend(tasks);
     Ok(running)
 }
