@@ -10,8 +10,8 @@ use crate::api::TrainJob;
 
 use super::plan::{MpiPlan, PodSet};
 use super::{
-    HOSTFILE_MAX_BYTES, HOSTFILE_NAME, MANAGED_BY_LABEL, MANAGER, hostfile_configmap_name,
-    owner_reference,
+    HOSTFILE_MAX_BYTES, HOSTFILE_NAME, LAUNCHER, MANAGED_BY_LABEL, MANAGER,
+    hostfile_configmap_name, owner_reference,
 };
 
 /// The hostfile would not fit a ConfigMap (Decision 8).
@@ -32,22 +32,23 @@ pub fn hostfile_len(plan: &MpiPlan) -> u128 {
         .iter()
         .filter(|p| plan.lists_in_hostfile(p))
         .map(|p| {
-            // "<tj>-<R>-<r>-<p>.<subdomain><sep><N>\n"
-            let fixed = plan.train_job.len()
-                + 1
-                + p.name.len()
-                + 1
-                + 1
-                + 1
-                + plan.subdomain.len()
-                + slots_len
-                + 1;
+            // "<tj>-<R>-<r>-<p>[.<subdomain>]<sep><N>\n"
+            let suffix_len = host_suffix(plan, p).map_or(0, |s| 1 + s.len());
+            let fixed =
+                plan.train_job.len() + 1 + p.name.len() + 1 + 1 + suffix_len + slots_len + 1;
             let (replicas, count) = (as_u128(p.replicas), as_u128(p.count));
             replicas * count * fixed as u128
                 + count * digit_sum(replicas)
                 + replicas * digit_sum(count)
         })
         .sum()
+}
+
+/// The domain part of a pod set's host names in the hostfile: the subdomain, or none for an
+/// implementation that lists the launcher by its pod host name.
+fn host_suffix<'a>(plan: &'a MpiPlan, pod_set: &PodSet) -> Option<&'a str> {
+    let bare = pod_set.name == LAUNCHER && plan.implementation.launcher_listed_by_pod_hostname;
+    (!bare).then_some(plan.subdomain.as_str())
 }
 
 /// Checks that the hostfile of `plan` fits a ConfigMap.
@@ -79,18 +80,6 @@ fn digit_sum(n: u128) -> u128 {
     total
 }
 
-/// The endpoints of one pod set: `<trainjob>-<replicatedJob>-<r>-<p>.<subdomain>`.
-pub fn endpoints<'a>(plan: &'a MpiPlan, pod_set: &'a PodSet) -> impl Iterator<Item = String> + 'a {
-    (0..pod_set.replicas).flat_map(move |r| {
-        (0..pod_set.count).map(move |p| {
-            format!(
-                "{}-{}-{r}-{p}.{}",
-                plan.train_job, pod_set.name, plan.subdomain
-            )
-        })
-    })
-}
-
 /// The hostfile text: one line per listed endpoint, in pod-set order, each ending in `\n`.
 ///
 /// # Errors
@@ -101,13 +90,14 @@ pub fn hostfile(plan: &MpiPlan) -> Result<String, HostfileTooLarge> {
     let mut text = String::with_capacity(capacity);
     let (separator, slots) = (plan.implementation.slots_separator, plan.slots);
     for pod_set in plan.pod_sets.iter().filter(|p| plan.lists_in_hostfile(p)) {
+        let suffix = host_suffix(plan, pod_set);
         for (r, p) in (0..pod_set.replicas).flat_map(|r| (0..pod_set.count).map(move |p| (r, p))) {
             // Writing into a String cannot fail.
-            let _ = writeln!(
-                text,
-                "{}-{}-{r}-{p}.{}{separator}{slots}",
-                plan.train_job, pod_set.name, plan.subdomain
-            );
+            let _ = write!(text, "{}-{}-{r}-{p}", plan.train_job, pod_set.name);
+            if let Some(suffix) = suffix {
+                let _ = write!(text, ".{suffix}");
+            }
+            let _ = writeln!(text, "{separator}{slots}");
         }
     }
     Ok(text)
@@ -191,6 +181,16 @@ mod tests {
             hostfile(&p).expect("fits"),
             "pi-node-0-0.pi:4\npi-node-1-0.pi:4\n"
         );
+    }
+
+    #[test]
+    fn hydra_lists_the_launcher_by_its_pod_host_name() {
+        let p = plan(vec![("node", 1, 2), ("launcher", 1, 1)], true, 2, "Intel");
+        assert_eq!(
+            hostfile(&p).expect("fits"),
+            "pi-node-0-0.pi:2\npi-node-0-1.pi:2\npi-launcher-0-0:2\n"
+        );
+        assert_eq!(hostfile_len(&p), hostfile(&p).expect("fits").len() as u128);
     }
 
     #[test]

@@ -29,9 +29,15 @@ pub struct Implementation {
     pub slots_separator: &'static str,
     /// Launcher env vars in injection order.
     pub launcher_env: &'static [LauncherEnv],
+    /// Whether the launcher's own hostfile line (runLauncherAsNode) is its bare pod host name
+    /// `<pod>` instead of `<pod>.<subdomain>`: Hydra only recognises itself by its host name and
+    /// would otherwise SSH to the launcher, which runs no sshd (found on MPICH 4 and Intel MPI).
+    pub launcher_listed_by_pod_hostname: bool,
 }
 
 const CONNECTION_ATTEMPTS: &str = "-o ConnectionAttempts=10";
+/// The network interface of a pod.
+const POD_INTERFACE: &str = "eth0";
 
 const fn fixed(name: &'static str, value: &'static str) -> LauncherEnv {
     LauncherEnv {
@@ -52,6 +58,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
     Implementation {
         name: "OpenMPI",
         slots_separator: " slots=",
+        launcher_listed_by_pod_hostname: false,
         launcher_env: &[
             // Open MPI 4 (ORTE), exactly upstream's four.
             fixed("OMPI_MCA_orte_default_hostfile", super::HOSTFILE_PATH),
@@ -70,18 +77,26 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
     Implementation {
         name: "Intel",
         slots_separator: ":",
+        launcher_listed_by_pod_hostname: true,
         launcher_env: &[
             fixed("I_MPI_HYDRA_HOST_FILE", super::HOSTFILE_PATH),
             fixed("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", CONNECTION_ATTEMPTS),
             slots("I_MPI_PERHOST"),
+            // Workers' proxies call back to the launcher by the name it gives itself, its bare
+            // pod host name, which the pods' DNS search list cannot resolve; given an interface,
+            // Hydra advertises that interface's address instead. A pod's interface is eth0.
+            fixed("I_MPI_HYDRA_IFACE", POD_INTERFACE),
         ],
     },
     Implementation {
         name: "MPICH",
         slots_separator: ":",
+        launcher_listed_by_pod_hostname: true,
         launcher_env: &[
             fixed("HYDRA_HOST_FILE", super::HOSTFILE_PATH),
             fixed("HYDRA_LAUNCHER_EXTRA_ARGS", CONNECTION_ATTEMPTS),
+            // See I_MPI_HYDRA_IFACE above.
+            fixed("HYDRA_IFACE", POD_INTERFACE),
         ],
     },
 ];
@@ -171,6 +186,7 @@ mod tests {
                     "HYDRA_LAUNCHER_EXTRA_ARGS",
                     "-o ConnectionAttempts=10".to_string()
                 ),
+                ("HYDRA_IFACE", "eth0".to_string()),
             ]
         );
     }

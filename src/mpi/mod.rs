@@ -52,8 +52,11 @@ pub const SSH_PUBLIC_KEY_FILE: &str = "id_rsa.pub";
 pub const SSH_AUTHORIZED_KEYS_FILE: &str = "authorized_keys";
 /// `defaultMode` of the Secret volume: 0o400.
 pub const SSH_AUTH_DEFAULT_MODE: i32 = 0o400;
-/// Mode of the private key file: 0o640.
-pub const SSH_PRIVATE_KEY_FILE_MODE: i32 = 0o640;
+/// Mode of the private key file: 0o600, not upstream's 0o640. Proven on real launchers
+/// (tests/mpi_launchers): a launcher running as the file's owner (root, as kubelet writes Secret
+/// files) has ssh refuse a group-readable key ("UNPROTECTED PRIVATE KEY FILE"). With `fsGroup`,
+/// kubelet still adds group read (0o640, group fsGroup), so non-root users keep working.
+pub const SSH_PRIVATE_KEY_FILE_MODE: i32 = 0o600;
 /// Mode of the public key files: 0o644.
 pub const SSH_PUBLIC_KEY_FILE_MODE: i32 = 0o644;
 /// Secret type of the SSH auth Secret.
