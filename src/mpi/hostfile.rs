@@ -4,15 +4,11 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::api::TrainJob;
 
 use super::plan::{MpiPlan, PodSet};
-use super::{
-    HOSTFILE_MAX_BYTES, HOSTFILE_NAME, LAUNCHER, MANAGED_BY_LABEL, MANAGER,
-    hostfile_configmap_name, owner_reference,
-};
+use super::{HOSTFILE_MAX_BYTES, HOSTFILE_NAME, LAUNCHER, hostfile_configmap_name, owned_metadata};
 
 /// The hostfile would not fit a ConfigMap (Decision 8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -112,16 +108,7 @@ pub fn hostfile_configmap(
     plan: &MpiPlan,
 ) -> Result<ConfigMap, HostfileTooLarge> {
     Ok(ConfigMap {
-        metadata: ObjectMeta {
-            name: Some(hostfile_configmap_name(train_job.name())),
-            namespace: Some(train_job.namespace().to_string()),
-            labels: Some(BTreeMap::from([(
-                MANAGED_BY_LABEL.to_string(),
-                MANAGER.to_string(),
-            )])),
-            owner_references: Some(vec![owner_reference(train_job)]),
-            ..ObjectMeta::default()
-        },
+        metadata: owned_metadata(train_job, hostfile_configmap_name(train_job.name())),
         data: Some(BTreeMap::from([(
             HOSTFILE_NAME.to_string(),
             hostfile(plan)?,

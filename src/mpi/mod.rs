@@ -19,7 +19,9 @@ pub mod plan;
 pub mod ssh_secret;
 pub mod validate;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use crate::api::{TRAINER_API_VERSION, TrainJob};
 
@@ -85,6 +87,21 @@ pub fn ssh_secret_name(train_job: &str) -> String {
 /// `<trainjob>-mpi-hostfile`.
 pub fn hostfile_configmap_name(train_job: &str) -> String {
     format!("{train_job}{HOSTFILE_CONFIGMAP_SUFFIX}")
+}
+
+/// Metadata of an object the reconciler creates for `train_job`: its namespace, the controller
+/// owner reference and the managed-by label, nothing else (Decision 13).
+pub fn owned_metadata(train_job: &TrainJob, name: String) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name),
+        namespace: Some(train_job.namespace().to_string()),
+        labels: Some(BTreeMap::from([(
+            MANAGED_BY_LABEL.to_string(),
+            MANAGER.to_string(),
+        )])),
+        owner_references: Some(vec![owner_reference(train_job)]),
+        ..ObjectMeta::default()
+    }
 }
 
 /// The controller owner reference every object derived from a TrainJob carries.

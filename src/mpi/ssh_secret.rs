@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use p521::elliptic_curve::rand_core::OsRng;
 use p521::elliptic_curve::sec1::ToEncodedPoint;
 use p521::pkcs8::AssociatedOid;
@@ -17,8 +16,7 @@ use sec1::der::{Encode, zeroize::Zeroizing};
 use crate::api::TrainJob;
 
 use super::{
-    MANAGED_BY_LABEL, MANAGER, SSH_AUTH_SECRET_TYPE, SSH_PRIVATE_KEY, SSH_PUBLIC_KEY,
-    owner_reference, ssh_secret_name,
+    SSH_AUTH_SECRET_TYPE, SSH_PRIVATE_KEY, SSH_PUBLIC_KEY, owned_metadata, ssh_secret_name,
 };
 
 /// Key generation or encoding failed.
@@ -86,16 +84,7 @@ pub fn generate_key_pair() -> Result<SshKeyPair, KeyError> {
 /// TrainJob, labelled as managed by mpi-webhook.
 pub fn ssh_secret(train_job: &TrainJob, keys: &SshKeyPair) -> Secret {
     Secret {
-        metadata: ObjectMeta {
-            name: Some(ssh_secret_name(train_job.name())),
-            namespace: Some(train_job.namespace().to_string()),
-            labels: Some(BTreeMap::from([(
-                MANAGED_BY_LABEL.to_string(),
-                MANAGER.to_string(),
-            )])),
-            owner_references: Some(vec![owner_reference(train_job)]),
-            ..ObjectMeta::default()
-        },
+        metadata: owned_metadata(train_job, ssh_secret_name(train_job.name())),
         type_: Some(SSH_AUTH_SECRET_TYPE.to_string()),
         immutable: Some(true),
         data: Some(BTreeMap::from([
