@@ -1,0 +1,158 @@
+//! Criterion benchmarks of the pure MPI policy (issue 6, item 1): what one admission or one
+//! reconcile costs in CPU, without HTTP or TLS.
+//!
+//! `cargo bench --bench policy` measures; `cargo test --benches` (and clippy) only build it and
+//! run every benchmark once, untimed. Inputs are the shipped deepspeed runtime and the README's
+//! sample AdmissionReviews, so the figures describe what users send.
+
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use mpi_webhook::admission::{Route, review};
+use mpi_webhook::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use mpi_webhook::mpi::enforce::enforce_mpi_policy;
+use mpi_webhook::mpi::hostfile::hostfile;
+use mpi_webhook::mpi::plan::MpiPlan;
+use mpi_webhook::mpi::ssh_secret::generate_key_pair;
+use mpi_webhook::mpi::validate::validate_train_job;
+use mpi_webhook::objects::Snapshot;
+use serde_json::Value;
+
+const REVIEWS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/samples/reviews");
+const VALIDATE_SAMPLE: &str = "trainjob-create-allowed.json";
+const MUTATE_SAMPLE: &str = "jobset-create-owned-by-trainjob.json";
+const RUNTIME: &str = "deepspeed-distributed";
+
+/// Runs a future that never waits (every [`Snapshot`] lookup is ready at once) to completion.
+fn block_on<F: Future>(future: F) -> F::Output {
+    let mut future = std::pin::pin!(future);
+    let mut cx = Context::from_waker(Waker::noop());
+    loop {
+        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
+            return output;
+        }
+    }
+}
+
+fn sample(name: &str) -> Vec<u8> {
+    let path = Path::new(REVIEWS).join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn json(bytes: &[u8]) -> Value {
+    serde_json::from_slice(bytes).expect("sample is JSON")
+}
+
+/// The shipped runtimes plus the sample TrainJob of the mutate review with `num_nodes` nodes
+/// (same name and uid, so the sample JobSet's ownerReference matches).
+struct Fixture {
+    snapshot: Snapshot,
+    runtime: Arc<TrainingRuntime>,
+    train_job: TrainJob,
+    train_job_raw: Value,
+}
+
+fn fixture(num_nodes: i64) -> Fixture {
+    let mut snapshot = Snapshot::shipped_runtimes().expect("shipped runtimes load");
+    let runtime = snapshot
+        .get_runtime(RuntimeKind::ClusterTrainingRuntime, "", RUNTIME)
+        .expect("deepspeed runtime is shipped");
+    // The TrainJob the sample JobSet is owned by: manifests/samples/trainjob-pi-deepspeed.yaml.
+    let mut train_job_raw = json(&sample(VALIDATE_SAMPLE))["request"]["object"].take();
+    train_job_raw["metadata"]["name"] = "pi-deepspeed".into();
+    train_job_raw["metadata"]["uid"] = "6b1f4a52-1c3e-4d8a-9f20-3a7e5c9d0b11".into();
+    train_job_raw["spec"]["trainer"]["numNodes"] = num_nodes.into();
+    let train_job: TrainJob = serde_json::from_value(train_job_raw.clone()).expect("TrainJob");
+    snapshot.insert_train_job(train_job.clone());
+    Fixture {
+        snapshot,
+        runtime,
+        train_job,
+        train_job_raw,
+    }
+}
+
+fn validate(c: &mut Criterion) {
+    let body = sample(VALIDATE_SAMPLE);
+    let fx = fixture(3);
+    let mut group = c.benchmark_group("validate_trainjob");
+    // The policy alone: typed TrainJob and runtime in, field errors out.
+    group.bench_function("policy", |b| {
+        b.iter(|| {
+            validate_train_job(
+                black_box(&fx.train_job),
+                black_box(&fx.train_job_raw),
+                &fx.runtime,
+                RuntimeKind::ClusterTrainingRuntime,
+            )
+        });
+    });
+    // What the HTTPS route does per request: parse the AdmissionReview bytes, look up the
+    // runtime, validate, build the response JSON.
+    group.bench_function("review", |b| {
+        b.iter(|| {
+            block_on(review(
+                Route::ValidateTrainJob,
+                black_box(&body),
+                &fx.snapshot,
+            ))
+        });
+    });
+    group.finish();
+}
+
+fn mutate(c: &mut Criterion) {
+    let body = sample(MUTATE_SAMPLE);
+    let jobset = json(&body)["request"]["object"].take();
+    let mut group = c.benchmark_group("mutate_jobset");
+    for num_nodes in [3, 1_000] {
+        let fx = fixture(num_nodes);
+        let plan = MpiPlan::new(&fx.train_job, &fx.runtime)
+            .expect("supported")
+            .expect("MPI runtime");
+        let ops = enforce_mpi_policy(&plan, &jobset).expect("patch");
+        assert!(!ops.is_empty(), "the sample JobSet needs a patch");
+        group.bench_with_input(
+            BenchmarkId::new("plan+enforce", num_nodes),
+            &num_nodes,
+            |b, _| {
+                b.iter(|| {
+                    let plan = MpiPlan::new(black_box(&fx.train_job), &fx.runtime);
+                    let plan = plan.ok().flatten().expect("plan");
+                    enforce_mpi_policy(&plan, black_box(&jobset))
+                });
+            },
+        );
+        group.bench_with_input(BenchmarkId::new("review", num_nodes), &num_nodes, |b, _| {
+            b.iter(|| block_on(review(Route::MutateJobSet, black_box(&body), &fx.snapshot)));
+        });
+    }
+    group.finish();
+}
+
+fn render_hostfile(c: &mut Criterion) {
+    const HOSTS: i64 = 10_000;
+    // deepspeed runs the launcher as a node: numNodes hosts in all (launcher + numNodes-1 nodes).
+    let fx = fixture(HOSTS);
+    let plan = MpiPlan::new(&fx.train_job, &fx.runtime)
+        .expect("supported")
+        .expect("MPI runtime");
+    let text = hostfile(&plan).expect("fits a ConfigMap");
+    assert_eq!(text.lines().count(), usize::try_from(HOSTS).unwrap_or(0));
+    let mut group = c.benchmark_group("hostfile");
+    group.throughput(Throughput::Elements(HOSTS.unsigned_abs()));
+    group.bench_function(BenchmarkId::from_parameter(HOSTS), |b| {
+        b.iter(|| hostfile(black_box(&plan)));
+    });
+    group.finish();
+}
+
+fn key_pair(c: &mut Criterion) {
+    c.bench_function("ssh_key_pair_p521", |b| b.iter(generate_key_pair));
+}
+
+criterion_group!(benches, validate, mutate, render_hostfile, key_pair);
+criterion_main!(benches);
