@@ -15,7 +15,6 @@ use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview
 use serde_json::Value;
 
 use crate::objects::ObjectSource;
-use crate::objects::dir::from_value;
 
 /// The HTTPS admission routes of `serve` (interface.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -201,7 +200,7 @@ pub async fn review_value<S: ObjectSource>(
     let request = parse_request(value)?;
     let mut summary = summarize(&request);
     let verdict = decide(route, &request, objects).await;
-    let response = respond(&request.req, &verdict, &mut summary);
+    let response = respond(&request.req, verdict, &mut summary);
     Ok(Reviewed {
         review: review_json(response),
         summary,
@@ -212,10 +211,14 @@ pub async fn review_value<S: ObjectSource>(
 /// `[]byte`); kube-core serializes the bytes as a JSON array of numbers.
 fn review_json(response: AdmissionResponse) -> Value {
     use base64::Engine as _;
-    let patch = response
-        .patch
-        .as_ref()
-        .map(|bytes| base64::engine::general_purpose::STANDARD.encode(bytes));
+    let mut response = response;
+    // Emptied before serializing: as a JSON array of numbers, a 2 KiB patch would become 2,000
+    // Values built only to be thrown away. The empty array keeps `patch` in its place.
+    let patch = response.patch.as_mut().map(|bytes| {
+        let encoded = base64::engine::general_purpose::STANDARD.encode(&bytes);
+        bytes.clear();
+        encoded
+    });
     // Serializing kube-core's response types cannot fail: every map in them has string keys.
     let mut review = serde_json::to_value(response.into_review()).unwrap_or(Value::Null);
     if let (Some(patch), Some(slot)) = (patch, review.pointer_mut("/response/patch")) {
@@ -279,11 +282,25 @@ fn parse_request(mut value: Value) -> Result<Request, BadReview> {
         old.take();
     }
     let review: AdmissionReview<DynamicObject> =
-        from_value(&value).map_err(|e| BadReview(format!("not an AdmissionReview: {e}")))?;
+        from_owned_value(value).map_err(|e| BadReview(format!("not an AdmissionReview: {e}")))?;
     let req: AdmissionRequest<DynamicObject> = review
         .try_into()
         .map_err(|_| BadReview("AdmissionReview has no request".into()))?;
     Ok(Request { req, object })
+}
+
+/// [`crate::objects::dir::from_value`] for a value no longer needed: its strings are moved into
+/// `T`, not copied. The same messages (serde_json's owned and borrowed `Value` deserializers
+/// report alike).
+fn from_owned_value<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.into_inner().to_string()
+        } else {
+            format!("{path}: {}", e.into_inner())
+        }
+    })
 }
 
 fn summarize(request: &Request) -> Summary {
@@ -343,7 +360,7 @@ fn forbidden(message: &str) -> Status {
 
 fn respond(
     req: &AdmissionRequest<DynamicObject>,
-    verdict: &Verdict,
+    verdict: Verdict,
     summary: &mut Summary,
 ) -> AdmissionResponse {
     let mut response = AdmissionResponse::from(req);
@@ -364,12 +381,14 @@ fn respond(
     if verdict.patch.is_empty() {
         return response;
     }
+    // The operations are moved into the patch, not copied (the verdict is not needed after).
+    let operations = verdict.patch.len();
     match response
         .clone()
-        .with_patch(json_patch::Patch(verdict.patch.clone()))
+        .with_patch(json_patch::Patch(verdict.patch))
     {
         Ok(patched) => {
-            summary.patch_operations = verdict.patch.len();
+            summary.patch_operations = operations;
             patched
         }
         Err(e) => {

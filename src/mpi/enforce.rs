@@ -71,27 +71,78 @@ fn json_type(value: &Value) -> &'static str {
     }
 }
 
-/// Builds operations while keeping a working copy they have been applied to, so later operations
-/// see the effect of earlier ones (indices after an append, parents created).
+/// Builds the operations of one replicatedJob while keeping a working copy of that replicatedJob
+/// they have been applied to, so later operations see the effect of earlier ones (indices after
+/// an append, parents created). Paths are full JobSet paths; `base` (the replicatedJob's own
+/// path, whose every level exists) is the root of the working copy. Copying one replicatedJob
+/// instead of the whole JobSet keeps the copy to what the operations can touch.
 struct Patcher {
+    base: Path,
     doc: Value,
     ops: Vec<PatchOperation>,
 }
 
 impl Patcher {
-    fn get(&self, path: &[String]) -> Option<&Value> {
-        path.iter().try_fold(&self.doc, |value, token| match value {
-            Value::Object(map) => map.get(token),
-            Value::Array(items) => items.get(token.parse::<usize>().ok()?),
-            _ => None,
-        })
+    /// `path` below `base`, or `None` for a path outside the working copy (never asked for).
+    fn local<'p>(&self, path: &'p [String]) -> Option<&'p [String]> {
+        path.strip_prefix(self.base.as_slice())
     }
 
-    fn emit(&mut self, op: PatchOperation) {
-        // Every operation targets a location checked just before, so it applies; if it did not,
-        // the working copy would only be stale for later operations of this same pass.
-        let _ = json_patch::patch(&mut self.doc, std::slice::from_ref(&op));
-        self.ops.push(op);
+    fn get(&self, path: &[String]) -> Option<&Value> {
+        self.local(path)?
+            .iter()
+            .try_fold(&self.doc, |value, token| match value {
+                Value::Object(map) => map.get(token),
+                Value::Array(items) => items.get(token.parse::<usize>().ok()?),
+                _ => None,
+            })
+    }
+
+    /// Records `add` (`replace: false`) or `replace` of `value` at `path` and applies it to the
+    /// working copy.
+    fn emit(&mut self, replace: bool, path: &[String], value: Value) {
+        self.apply(path, &value);
+        let path = Self::pointer(path);
+        self.ops.push(if replace {
+            PatchOperation::Replace(ReplaceOperation { path, value })
+        } else {
+            PatchOperation::Add(AddOperation { path, value })
+        });
+    }
+
+    /// Applies an operation to the working copy, walking the tokens directly (`json_patch::patch`
+    /// would re-parse and unescape the pointer and keep an undo log: most of the cost of a
+    /// mutation). Every operation targets a location checked just before (an absent or null
+    /// object member, the end of an array, an existing value), where `add` and `replace` both
+    /// set the value; were one not to apply, the working copy would only be stale for later
+    /// operations of this same pass.
+    fn apply(&mut self, path: &[String], value: &Value) {
+        let Some(path) = path.strip_prefix(self.base.as_slice()) else {
+            return;
+        };
+        let Some((last, parents)) = path.split_last() else {
+            self.doc = value.clone();
+            return;
+        };
+        let parent = parents
+            .iter()
+            .try_fold(&mut self.doc, |node, token| match node {
+                Value::Object(map) => map.get_mut(token),
+                Value::Array(items) => items.get_mut(token.parse::<usize>().ok()?),
+                _ => None,
+            });
+        match parent {
+            Some(Value::Object(map)) => {
+                map.insert(last.clone(), value.clone());
+            }
+            Some(Value::Array(items)) if last == "-" => items.push(value.clone()),
+            Some(Value::Array(items)) => {
+                if let Some(slot) = last.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                    *slot = value.clone();
+                }
+            }
+            _ => {}
+        }
     }
 
     fn pointer(path: &[String]) -> PointerBuf {
@@ -100,7 +151,8 @@ impl Patcher {
 
     /// Sets `path` to `value`, creating missing parent objects; no operation when equal.
     fn set(&mut self, path: &[String], value: Value) -> Result<(), MutationError> {
-        for depth in 0..path.len() {
+        // The levels down to `base` exist (objects and the replicatedJobs array).
+        for depth in self.base.len()..path.len() {
             let parent = &path[..depth];
             match self.get(parent) {
                 Some(Value::Object(map)) => {
@@ -109,10 +161,7 @@ impl Patcher {
                             .iter()
                             .rev()
                             .fold(value, |inner, token| json!({ token: inner }));
-                        self.emit(PatchOperation::Add(AddOperation {
-                            path: Self::pointer(&path[..=depth]),
-                            value: nested,
-                        }));
+                        self.emit(false, &path[..=depth], nested);
                         return Ok(());
                     }
                 }
@@ -121,10 +170,7 @@ impl Patcher {
             }
         }
         if self.get(path) != Some(&value) {
-            self.emit(PatchOperation::Replace(ReplaceOperation {
-                path: Self::pointer(path),
-                value,
-            }));
+            self.emit(true, path, value);
         }
         Ok(())
     }
@@ -143,17 +189,11 @@ impl Patcher {
             Some(i) if list[i] == item => {}
             Some(i) => {
                 let at = child(&path.to_vec(), &[&i.to_string()]);
-                self.emit(PatchOperation::Replace(ReplaceOperation {
-                    path: Self::pointer(&at),
-                    value: item,
-                }));
+                self.emit(true, &at, item);
             }
             None => {
                 let at = child(&path.to_vec(), &["-"]);
-                self.emit(PatchOperation::Add(AddOperation {
-                    path: Self::pointer(&at),
-                    value: item,
-                }));
+                self.emit(false, &at, item);
             }
         }
         Ok(())
@@ -204,10 +244,7 @@ pub fn enforce_mpi_policy(
     plan: &MpiPlan,
     jobset: &Value,
 ) -> Result<Vec<PatchOperation>, MutationError> {
-    let mut patcher = Patcher {
-        doc: jobset.clone(),
-        ops: Vec::new(),
-    };
+    let mut ops = Vec::new();
     let rjobs = match jobset.pointer("/spec/replicatedJobs") {
         None | Some(Value::Null) => return Ok(Vec::new()),
         Some(Value::Array(rjobs)) => rjobs,
@@ -225,9 +262,15 @@ pub fn enforce_mpi_policy(
             continue;
         }
         let rjob_path = path(&["spec", "replicatedJobs", &i.to_string()]);
+        let mut patcher = Patcher {
+            base: rjob_path.clone(),
+            doc: rjob.clone(),
+            ops: Vec::new(),
+        };
         enforce_replicated_job(&mut patcher, plan, &rjob_path, name == LAUNCHER)?;
+        ops.append(&mut patcher.ops);
     }
-    Ok(patcher.ops)
+    Ok(ops)
 }
 
 fn enforce_replicated_job(
