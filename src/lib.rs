@@ -19,4 +19,5 @@ pub mod reload;
 pub mod render;
 pub mod serve;
 pub mod server;
+pub mod shutdown;
 pub mod tls;

@@ -186,10 +186,11 @@ pub fn tls_files(args: &ServeArgs) -> Result<TlsFiles, ServeError> {
 /// # Errors
 /// [`ServeError`] when startup fails.
 pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
+    let signal = crate::shutdown::shutdown_signal().map_err(ServeError::Signal)?;
     let options = ServeOptions::new(args.listen, args.metrics_listen, tls_files(&args)?);
     let objects = objects_for_serve(&args).await;
     let running = start(options, objects).await?;
-    shutdown_signal().await?;
+    signal.await;
     tracing::info!("shutdown signal received; draining");
     running.shutdown().await;
     Ok(())
@@ -470,19 +471,4 @@ async fn accept_loop(
 async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
     // The returned guard is dropped here, so callers' futures stay Send.
     let _ = shutdown.wait_for(|stop| *stop).await;
-}
-
-/// Resolves on SIGTERM or SIGINT.
-///
-/// # Errors
-/// [`ServeError::Signal`] if the handlers cannot be installed.
-pub async fn shutdown_signal() -> Result<(), ServeError> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
-    let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
-    Ok(())
 }

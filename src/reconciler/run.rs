@@ -1,7 +1,6 @@
 //! Wiring of `mpi-webhook reconcile`: the kube client, the probe server, leader election and,
 //! for each leadership term, a fresh [`Controller`] over TrainJobs.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,7 +114,7 @@ pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
         (leader_always(stop_rx.clone()), None)
     };
     probes.set_ready(true);
-    let signal = shutdown_signal()?;
+    let signal = crate::shutdown::shutdown_signal().map_err(ReconcileError::Signal)?;
     tokio::spawn(async move {
         signal.await;
         tracing::info!("shutting down");
@@ -203,17 +202,6 @@ async fn serve_probes(
             tracing::error!(%error, "probe server failed");
         }
     }))
-}
-
-fn shutdown_signal() -> Result<impl Future<Output = ()> + Send + 'static, ReconcileError> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(ReconcileError::Signal)?;
-    Ok(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
-        }
-    })
 }
 
 /// One leadership term: fresh watches and caches, reconciling until `stop` resolves.
