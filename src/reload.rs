@@ -18,11 +18,9 @@ use tokio::task::JoinHandle;
 
 use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
 use crate::metrics::Metrics;
+use crate::objects::dir::object_files;
 use crate::objects::{LoadError, LookupError, ObjectSource, Snapshot};
 use crate::server::Readiness;
-
-/// Directory nesting followed when fingerprinting (the same bound as the loader's).
-const MAX_DEPTH: usize = 16;
 
 /// Pause before a dead task is restarted, so a task that dies at once does not spin.
 const RESTART_DELAY: Duration = Duration::from_secs(1);
@@ -151,11 +149,8 @@ fn load_if_changed(dir: &Path, seen: Option<u64>) -> Change {
 /// A hash of the paths and content of the files `Snapshot::load_dir` reads (the same rules:
 /// hidden entries skipped, `*.yaml`, `*.yml`, `*.json`, symlinks followed).
 fn fingerprint(dir: &Path) -> Result<u64, LoadError> {
-    let mut files = Vec::new();
-    collect(dir, 0, &mut files)?;
-    files.sort();
     let mut hasher = DefaultHasher::new();
-    for path in files {
+    for path in object_files(dir)? {
         let content = std::fs::read(&path).map_err(|source| LoadError::Read {
             path: path.clone(),
             source,
@@ -164,34 +159,6 @@ fn fingerprint(dir: &Path) -> Result<u64, LoadError> {
         content.hash(&mut hasher);
     }
     Ok(hasher.finish())
-}
-
-fn collect(dir: &Path, depth: usize, files: &mut Vec<PathBuf>) -> Result<(), LoadError> {
-    let read_error = |source| LoadError::Read {
-        path: dir.to_path_buf(),
-        source,
-    };
-    for entry in std::fs::read_dir(dir).map_err(read_error)? {
-        let path = entry.map_err(read_error)?.path();
-        let hidden = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.starts_with('.'));
-        if hidden {
-            continue;
-        }
-        if path.is_dir() {
-            if depth < MAX_DEPTH {
-                collect(&path, depth + 1, files)?;
-            }
-        } else if matches!(
-            path.extension().and_then(|e| e.to_str()),
-            Some("yaml" | "yml" | "json")
-        ) {
-            files.push(path);
-        }
-    }
-    Ok(())
 }
 
 /// Aborts the task when dropped, so cancelling a supervisor also stops what it supervises.

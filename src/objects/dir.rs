@@ -114,15 +114,23 @@ impl Snapshot {
     /// # Errors
     /// [`LoadError`] naming the first file that cannot be read or parsed.
     pub fn load_dir(dir: &Path) -> Result<Snapshot, LoadError> {
-        let mut files = Vec::new();
-        collect_files(dir, 0, &mut files)?;
-        files.sort();
         let mut snapshot = Snapshot::default();
-        for path in &files {
+        for path in &object_files(dir)? {
             load_file(&mut snapshot, path)?;
         }
         Ok(snapshot)
     }
+}
+
+/// The object files under `dir`, in path order: the files [`Snapshot::load_dir`] reads.
+///
+/// # Errors
+/// [`LoadError::Read`] when a directory cannot be listed.
+pub fn object_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let mut files = Vec::new();
+    collect_files(dir, 0, &mut files)?;
+    files.sort();
+    Ok(files)
 }
 
 fn collect_files(dir: &Path, depth: usize, files: &mut Vec<PathBuf>) -> Result<(), LoadError> {
