@@ -293,14 +293,7 @@ fn parse_request(mut value: Value) -> Result<Request, BadReview> {
 /// `T`, not copied. The same messages (serde_json's owned and borrowed `Value` deserializers
 /// report alike).
 fn from_owned_value<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            e.into_inner().to_string()
-        } else {
-            format!("{path}: {}", e.into_inner())
-        }
-    })
+    crate::objects::dir::deserialize_naming_field(value)
 }
 
 fn summarize(request: &Request) -> Summary {
