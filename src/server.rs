@@ -18,7 +18,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use kube::core::Status;
 use kube::core::admission::AdmissionResponse;
 use tracing::Instrument;
 use tracing::field::Empty;
@@ -278,7 +277,7 @@ pub const TIMEOUT_MESSAGE: &str =
 fn denial_body(uid: String, message: &str) -> Vec<u8> {
     let mut response = AdmissionResponse::invalid(message);
     response.uid = uid;
-    response.result = Status::failure(message, "Forbidden").with_code(403);
+    let response = admission::forbid(response, message);
     // Serializing these plain types cannot fail; the literal is a last resort that still denies.
     serde_json::to_vec(&response.into_review()).unwrap_or_else(|_| {
         br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#.to_vec()

@@ -347,8 +347,13 @@ async fn decide<S: ObjectSource>(route: Route, request: &Request, objects: &S) -
 pub const INTERNAL_ERROR_MESSAGE: &str =
     "mpi-webhook could not evaluate this request; its logs have the details";
 
-fn forbidden(message: &str) -> Status {
-    Status::failure(message, "Forbidden").with_code(403)
+/// Denies `response` the way every mpi-webhook denial reads (interface.md): `allowed: false`,
+/// `status.code` 403, `status.reason` Forbidden and the message. kube-core's `deny` alone leaves
+/// the code and reason empty.
+pub fn forbid(response: AdmissionResponse, message: &str) -> AdmissionResponse {
+    let mut denied = response.deny(message);
+    denied.result = Status::failure(message, "Forbidden").with_code(403);
+    denied
 }
 
 fn respond(
@@ -358,17 +363,15 @@ fn respond(
 ) -> AdmissionResponse {
     let mut response = AdmissionResponse::from(req);
     if !verdict.warnings.is_empty() {
-        response.warnings = Some(verdict.warnings.clone());
+        response.warnings = Some(verdict.warnings);
     }
-    summary.internal_error.clone_from(&verdict.internal_error);
-    let denial = match (&verdict.internal_error, &verdict.denial) {
+    let denial = match (&verdict.internal_error, verdict.denial) {
         (Some(_), _) => Some(INTERNAL_ERROR_MESSAGE.to_string()),
-        (None, denial) => denial.clone(),
+        (None, denial) => denial,
     };
+    summary.internal_error = verdict.internal_error;
     if let Some(message) = denial {
-        response = response.deny(&message);
-        response.result = forbidden(&message);
-        return response;
+        return forbid(response, &message);
     }
     summary.allowed = true;
     if verdict.patch.is_empty() {
@@ -387,9 +390,7 @@ fn respond(
         Err(e) => {
             summary.allowed = false;
             summary.internal_error = Some(format!("serializing the patch failed: {e}"));
-            let mut denied = response.deny(INTERNAL_ERROR_MESSAGE);
-            denied.result = forbidden(INTERNAL_ERROR_MESSAGE);
-            denied
+            forbid(response, INTERNAL_ERROR_MESSAGE)
         }
     }
 }
