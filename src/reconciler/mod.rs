@@ -19,6 +19,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
@@ -128,6 +130,12 @@ pub struct Context {
     leader: watch::Receiver<bool>,
     retries: Retries,
     keygen: fn() -> Result<SshKeyPair, KeyError>,
+    /// Resolves once every cache above holds its initial list. Reconciles wait on clones of
+    /// this one future, never on the stores themselves: kube's `Store::wait_until_ready`
+    /// keeps only the last waiting task's waker, so when several reconciles waited on a store
+    /// at once (the first `CONCURRENCY` after a start) all but one slept until
+    /// [`CACHE_SYNC_TIMEOUT`]. `Shared` wakes every clone.
+    caches_ready: Shared<BoxFuture<'static, ()>>,
 }
 
 impl Context {
@@ -144,6 +152,17 @@ impl Context {
         leader: watch::Receiver<bool>,
         keygen: fn() -> Result<SshKeyPair, KeyError>,
     ) -> Self {
+        let caches_ready = {
+            let (secrets, configmaps, objects) =
+                (secrets.clone(), configmaps.clone(), objects.clone());
+            async move {
+                let _ = secrets.wait_until_ready().await;
+                let _ = configmaps.wait_until_ready().await;
+                let _ = objects.synced().await;
+            }
+            .boxed()
+            .shared()
+        };
         Self {
             client,
             objects,
@@ -154,6 +173,7 @@ impl Context {
             leader,
             retries: Retries::default(),
             keygen,
+            caches_ready,
         }
     }
 
@@ -168,12 +188,7 @@ impl Context {
     }
 
     async fn caches_synced(&self) {
-        let synced = async {
-            let _ = self.secrets.wait_until_ready().await;
-            let _ = self.configmaps.wait_until_ready().await;
-            let _ = self.objects.synced().await;
-        };
-        if tokio::time::timeout(CACHE_SYNC_TIMEOUT, synced)
+        if tokio::time::timeout(CACHE_SYNC_TIMEOUT, self.caches_ready.clone())
             .await
             .is_err()
         {

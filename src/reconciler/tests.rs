@@ -15,6 +15,8 @@ use kube::client::Body;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -522,6 +524,55 @@ async fn lost_lease_means_no_writes() {
         (f.metrics.writes("secret"), f.metrics.writes("configmap")),
         (0, 0)
     );
+}
+
+/// kube's `Store::wait_until_ready` wakes only the last task that waited: reconciles that
+/// start together before the owned-object caches are ready (the first `CONCURRENCY` after a
+/// start) must all go on once they are, not sleep until the 30 s cache-sync timeout.
+#[tokio::test]
+async fn concurrent_reconciles_all_resume_when_the_caches_become_ready() {
+    let (service, _handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = Client::new(service, "default");
+    let objects = ClusterObjects::from_stores(
+        client.clone(),
+        synced_store((), vec![]),
+        synced_store(RuntimeKind::TrainingRuntime, vec![]),
+        synced_store(RuntimeKind::ClusterTrainingRuntime, vec![mpi_runtime()]),
+        CacheMetrics::default(),
+    );
+    let mut secrets = Writer::<PartialObjectMeta<Secret>>::new(());
+    let mut configmaps = Writer::<ConfigMap>::new(());
+    let (_leader, leader_rx) = watch::channel(true);
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        objects,
+        secrets.as_reader(),
+        configmaps.as_reader(),
+        Recorder::new(client, Reporter::from("mpi-webhook")),
+        ReconcileMetrics::default(),
+        leader_rx,
+        fixed_keys,
+    ));
+    let waiting: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(reconcile(Arc::new(train_job()), ctx.clone())))
+        .collect();
+    // Let all three reach the wait for the caches.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    secrets.apply_watcher_event(&watcher::Event::Init);
+    secrets.apply_watcher_event(&watcher::Event::InitApply(secret_metadata()));
+    secrets.apply_watcher_event(&watcher::Event::InitDone);
+    let cached: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
+    configmaps.apply_watcher_event(&watcher::Event::Init);
+    configmaps.apply_watcher_event(&watcher::Event::InitApply(cached));
+    configmaps.apply_watcher_event(&watcher::Event::InitDone);
+    // Caches up to date: each reconcile finishes without a call.
+    for task in waiting {
+        let result = tokio::time::timeout(TIMEOUT, task)
+            .await
+            .expect("every waiting reconcile resumed")
+            .expect("no panic");
+        assert_eq!(result.expect("ok"), Action::await_change());
+    }
 }
 
 #[tokio::test]
