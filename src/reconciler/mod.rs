@@ -27,6 +27,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use tokio::sync::watch;
 
@@ -136,6 +137,8 @@ pub struct Context {
     /// at once (the first `CONCURRENCY` after a start) all but one slept until
     /// [`CACHE_SYNC_TIMEOUT`]. `Shared` wakes every clone.
     caches_ready: Shared<BoxFuture<'static, ()>>,
+    /// ConfigMaps applied but not yet seen again by the ConfigMap watch.
+    applied: Arc<AppliedConfigMaps>,
 }
 
 impl Context {
@@ -174,7 +177,14 @@ impl Context {
             retries: Retries::default(),
             keygen,
             caches_ready,
+            applied: Arc::default(),
         }
+    }
+
+    /// What the ConfigMap watch must be shown (every event, after the cache applied it), so
+    /// that a reconcile can tell its own recent applies from a cache that missed a change.
+    pub fn applied_configmaps(&self) -> Arc<AppliedConfigMaps> {
+        Arc::clone(&self.applied)
     }
 
     /// Checked right before every write, so a replica that lost its Lease stops writing even
@@ -236,6 +246,61 @@ impl Retries {
 
     fn forget(&self, key: &ObjectRef<TrainJob>) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+    }
+}
+
+/// The ConfigMaps this replica applied since the ConfigMap watch last said anything about them.
+///
+/// Without it, a reconcile that runs after an apply but before the watch event of that apply
+/// reaches the cache applies the same ConfigMap again and publishes a second `Created` Event.
+/// That is the common case right after a create: the Secret's own watch event triggers the
+/// next reconcile, often before the ConfigMap's event is in (1 to 3% of TrainJobs in the
+/// reconciler bench). While an entry is here, the API server holds what we applied (in the
+/// fields we own): it is recorded before the apply is sent, removed if the apply fails, and
+/// removed by any watch event for that ConfigMap (an edit, a deletion, or our own apply
+/// arriving); a relist, which may have missed deletions, removes them all. So a change by
+/// anybody else still reaches the cache, removes the entry and is repaired as before.
+#[derive(Debug, Default)]
+pub struct AppliedConfigMaps(Mutex<HashMap<ObjectRef<ConfigMap>, ConfigMap>>);
+
+impl AppliedConfigMaps {
+    /// Bound on remembered ConfigMaps (an apply that changes nothing has no event to remove
+    /// its entry). Forgetting costs at most one more apply each.
+    const MAX_ENTRIES: usize = 10_000;
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<ConfigMap>, ConfigMap>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `desired` as about to be applied.
+    fn expect(&self, key: ObjectRef<ConfigMap>, desired: &ConfigMap) {
+        let mut entries = self.entries();
+        if entries.len() >= Self::MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(key, desired.clone());
+    }
+
+    /// Whether `desired` is what we last applied and the watch has said nothing since.
+    fn holds(&self, key: &ObjectRef<ConfigMap>, desired: &ConfigMap) -> bool {
+        self.entries().get(key) == Some(desired)
+    }
+
+    fn forget(&self, key: &ObjectRef<ConfigMap>) {
+        self.entries().remove(key);
+    }
+
+    /// Follows the ConfigMap watch (after its cache applied `event`).
+    pub fn observe(&self, event: &watcher::Event<ConfigMap>) {
+        match event {
+            watcher::Event::Apply(configmap)
+            | watcher::Event::Delete(configmap)
+            | watcher::Event::InitApply(configmap) => {
+                self.forget(&ObjectRef::from_obj(configmap));
+            }
+            watcher::Event::Init => self.entries().clear(),
+            watcher::Event::InitDone => {}
+        }
     }
 }
 
@@ -359,7 +424,8 @@ async fn ensure_secret(train_job: &TrainJob, ctx: &Context) -> Result<bool, Erro
     }
 }
 
-/// Server-side applies the ConfigMap unless the cached one already has every field we own.
+/// Server-side applies the ConfigMap unless the cached one already has every field we own, or
+/// we applied exactly this one and the watch has not shown it yet ([`AppliedConfigMaps`]).
 /// Returns whether it applied.
 async fn apply_configmap(desired: &ConfigMap, ctx: &Context) -> Result<bool, Error> {
     let namespace = desired.metadata.namespace.as_deref().unwrap_or_default();
@@ -369,18 +435,24 @@ async fn apply_configmap(desired: &ConfigMap, ctx: &Context) -> Result<bool, Err
         .configmaps
         .get(&key)
         .is_some_and(|cached| applied(&cached, desired))
+        || ctx.applied.holds(&key, desired)
     {
         return Ok(false);
     }
     ctx.ensure_leader()?;
-    Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
+    // Before sending: the watch event of this apply may arrive before its response.
+    ctx.applied.expect(key.clone(), desired);
+    let result = Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
         .patch(
             name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(desired),
         )
-        .await
-        .map_err(Error::ApplyConfigMap)?;
+        .await;
+    if let Err(error) = result {
+        ctx.applied.forget(&key);
+        return Err(Error::ApplyConfigMap(error));
+    }
     ctx.metrics.write("configmap");
     Ok(true)
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
@@ -236,34 +236,10 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
     let owned = watcher::Config::default().labels(&managed_selector());
     let jobs = Writer::<TrainJob>::new(());
     let jobs_store = jobs.as_reader();
-    let jobs_stream = reflect(
-        watcher(Api::all(client.clone()), watcher::Config::default()),
-        jobs,
-        "trainjobs",
-        metrics,
-    )
-    .applied_objects();
     let secrets = Writer::<PartialObjectMeta<Secret>>::new(());
     let secrets_store = secrets.as_reader();
-    let secrets_stream = reflect(
-        watcher(
-            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-            owned.clone(),
-        ),
-        secrets,
-        "secrets",
-        metrics,
-    )
-    .touched_objects();
     let configmaps = Writer::<ConfigMap>::new(());
     let configmaps_store = configmaps.as_reader();
-    let configmaps_stream = reflect(
-        watcher(Api::<ConfigMap>::all(client.clone()), owned),
-        configmaps,
-        "configmaps",
-        metrics,
-    )
-    .touched_objects();
     let (local_store, local_stream) = runtimes(client, RuntimeKind::TrainingRuntime, metrics);
     let (cluster_store, cluster_stream) =
         runtimes(client, RuntimeKind::ClusterTrainingRuntime, metrics);
@@ -274,6 +250,42 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
         cluster_store,
         metrics.clone(),
     );
+    let ctx = Context::new(
+        client.clone(),
+        objects,
+        secrets_store,
+        configmaps_store,
+        shared.recorder.clone(),
+        shared.metrics.clone(),
+        leader,
+        generate_key_pair,
+    );
+    let jobs_stream = reflect(
+        watcher(Api::all(client.clone()), watcher::Config::default()),
+        jobs,
+        "trainjobs",
+        metrics,
+    )
+    .applied_objects();
+    let secrets_stream = reflect(
+        watcher(
+            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            owned.clone(),
+        ),
+        secrets,
+        "secrets",
+        metrics,
+    )
+    .touched_objects();
+    let applied = ctx.applied_configmaps();
+    let configmaps_stream = reflect(
+        watcher(Api::<ConfigMap>::all(client.clone()), owned),
+        configmaps,
+        "configmaps",
+        metrics,
+    )
+    .inspect_ok(move |event| applied.observe(event))
+    .touched_objects();
     let controller = Controller::for_stream(jobs_stream, jobs_store.clone())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         .owns_stream(secrets_stream)
@@ -288,16 +300,6 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
             users_of(jobs_store, RuntimeKind::ClusterTrainingRuntime),
             RuntimeKind::ClusterTrainingRuntime,
         );
-    let ctx = Context::new(
-        client.clone(),
-        objects,
-        secrets_store,
-        configmaps_store,
-        shared.recorder.clone(),
-        shared.metrics.clone(),
-        leader,
-        generate_key_pair,
-    );
     (controller, ctx)
 }
 

@@ -286,6 +286,27 @@ where
     result
 }
 
+/// Like [`converse`], but the script hands the server back for the next reconcile.
+async fn converse_again<S, F>(
+    ctx: &Arc<Context>,
+    server: ApiServer,
+    script: S,
+) -> (Result<Action, Error>, ApiServer)
+where
+    S: FnOnce(ApiServer) -> F + Send + 'static,
+    F: Future<Output = ApiServer> + Send + 'static,
+{
+    let script = tokio::spawn(script(server));
+    let result = tokio::time::timeout(TIMEOUT, reconcile(Arc::new(train_job()), ctx.clone()))
+        .await
+        .expect("reconcile finished (an unscripted call would hang here)");
+    let server = tokio::time::timeout(TIMEOUT, script)
+        .await
+        .expect("script finished (a scripted call was never made)")
+        .expect("script passed");
+    (result, server)
+}
+
 #[tokio::test]
 async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
     let f = fixture(Caches {
@@ -395,6 +416,60 @@ async fn edited_configmap_is_repaired_but_foreign_additions_are_not_drift() {
     })
     .await;
     assert!(result.is_ok());
+}
+
+/// A reconcile that runs before the ConfigMap watch has shown our own apply (right after a
+/// create, the Secret's watch event triggers one) neither applies again nor publishes another
+/// Event. Any watch event for the ConfigMap, a relist, or a failed apply ends that.
+#[tokio::test]
+async fn own_apply_not_yet_in_the_cache_is_not_repeated() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        secret: true,
+        ..Caches::default()
+    });
+    let apply = |mut api: ApiServer| async move {
+        api.configmap_apply().await;
+        api.event().await;
+        api
+    };
+    let quiet = |api: ApiServer| async move { api };
+    let configmap: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
+    let applied = f.ctx.applied_configmaps();
+
+    let (result, server) = converse_again(&f.ctx, f.server, apply).await;
+    assert!(result.is_ok());
+    // The cache still lacks it: no second apply, no second Event.
+    let (result, server) = converse_again(&f.ctx, server, quiet).await;
+    assert!(result.is_ok());
+    assert_eq!(f.metrics.writes("configmap"), 1);
+
+    // Somebody deleted it (the cache saw the deletion): repaired.
+    applied.observe(&watcher::Event::Delete(configmap.clone()));
+    let (_, server) = converse_again(&f.ctx, server, apply).await;
+    let (_, server) = converse_again(&f.ctx, server, quiet).await;
+    // A relist may have missed a deletion: applied again.
+    applied.observe(&watcher::Event::Init);
+    let (_, server) = converse_again(&f.ctx, server, apply).await;
+    assert_eq!(f.metrics.writes("configmap"), 3);
+
+    // A failed apply is not remembered.
+    applied.observe(&watcher::Event::Apply(configmap));
+    let failing = |mut api: ApiServer| async move {
+        let (_, reply) = api.expect(Method::PATCH, CONFIGMAP_URL).await;
+        respond(reply, 500, &status_body(500));
+        let (type_, _, _) = api.event().await;
+        assert_eq!(type_, "Warning");
+        api
+    };
+    let (result, server) = converse_again(&f.ctx, server, failing).await;
+    assert_eq!(
+        result.expect_err("apply failed").metric_label(),
+        "apply_configmap"
+    );
+    let (result, _) = converse_again(&f.ctx, server, apply).await;
+    assert!(result.is_ok());
+    assert_eq!(f.metrics.writes("configmap"), 4);
 }
 
 #[tokio::test]
