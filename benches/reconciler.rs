@@ -12,7 +12,7 @@
 //!    resourceVersion and sends no watch event, as the real apiserver does) or as a merge patch.
 //!    It counts every request by verb and resource. Not modelled: field ownership, admission,
 //!    validation, Leases (the reconciler runs without `--leader-elect`). A request it does not
-//!    implement is answered 404/405 and fails the run, naming the request;
+//!    implement is answered 404, 405 or 501 and fails the run, naming the request;
 //! 2. seeds it with the ClusterTrainingRuntimes of `manifests/runtimes/` and N TrainJobs made from
 //!    the sample TrainJobs of `manifests/samples/` (round robin over the samples, so over the
 //!    runtimes; spread over namespaces; each with its own name and uid; numNodes 2 to 8);
@@ -20,18 +20,18 @@
 //!    measures three phases:
 //!    - **create**: from spawning the process to the first TrainJob having both its Secret and
 //!      its ConfigMap, and to all N having both; then, once the reconciler is quiet (no request
-//!      for 1 s and `mpi_webhook_reconciles_total` unchanged for 1 s), the requests made;
+//!      and no finished reconcile for 1 s), the requests made;
 //!    - **no-op resync, MODIFIED**: every TrainJob is updated with its spec unchanged (one
 //!      annotation added, a new resourceVersion), so the controller reconciles all N again;
-//!      requests until quiet;
+//!      time until N more reconciles finished, requests until quiet;
 //!    - **no-op resync, restart**: the reconciler is stopped (SIGTERM) and a fresh process is
 //!      started against the populated server: it lists everything and reconciles all N again;
-//!      requests until quiet;
+//!      time from spawn until N reconciles finished, requests until quiet;
 //! 4. checks that every TrainJob has its Secret and ConfigMap, owned by its uid, and prints the
 //!    requests per TrainJob of each phase, the times, and each process's peak RSS (`VmHWM`) and
 //!    CPU time (user + system) from `/proc/<pid>/`.
 //!
-//! Every wait is bounded (60 s to converge, 20 s to settle); 1,000 TrainJobs take about 20 s.
+//! Every wait is bounded (60 s to converge, 20 s to settle); 1,000 TrainJobs take about 5 s.
 //! Knobs (environment): `RECONCILER_JOBS` (default 1000), `RECONCILER_NAMESPACES` (default 10);
 //! `RUST_LOG` reaches the reconciler, whose log's end is printed when it fails;
 //! `RECONCILER_LOG_DIR` keeps its logs (`reconcile-1.log`, `reconcile-2.log`) there.
@@ -286,6 +286,11 @@ impl ApiError {
 
     fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "BadRequest", message)
+    }
+
+    /// Something the fake API server does not implement (it fails the run).
+    fn unsupported(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_IMPLEMENTED, "NotImplemented", message)
     }
 
     fn not_found(kind: &Kind, name: &str) -> Self {
@@ -608,7 +613,7 @@ impl Selector {
         let mut terms = Vec::new();
         for term in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             if term.contains(" in ") || term.contains(" notin ") || term.contains('(') {
-                return Err(ApiError::bad_request(format!(
+                return Err(ApiError::unsupported(format!(
                     "the fake API server supports only equality selectors: {term:?}"
                 )));
             }
@@ -806,9 +811,17 @@ async fn handle(api: Arc<FakeApi>, request: Request<Incoming>) -> Response<Body>
         .get(ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("as=PartialObjectMetadata"));
+    let uri = request.uri().to_string();
     match answer(&api, request, verb, &target, &params, metadata_only).await {
         Ok(response) => response,
-        Err(error) => error.response(),
+        Err(error) => {
+            if error.code == StatusCode::NOT_IMPLEMENTED {
+                lock(&api.stats)
+                    .unexpected
+                    .push(format!("{method} {uri}: {}", error.message));
+            }
+            error.response()
+        }
     }
 }
 
@@ -847,7 +860,7 @@ async fn answer(
     };
     let selector = Selector::parse(params.get("labelSelector").map_or("", String::as_str))?;
     if params.get("fieldSelector").is_some_and(|f| !f.is_empty()) {
-        return Err(ApiError::bad_request(
+        return Err(ApiError::unsupported(
             "the fake API server does not implement field selectors",
         ));
     }
@@ -937,11 +950,9 @@ async fn answer(
             if !content_type.starts_with("application/merge-patch+json")
                 && !content_type.starts_with("application/strategic-merge-patch+json")
             {
-                return Err(ApiError::new(
-                    StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                    "UnsupportedMediaType",
-                    format!("the fake API server does not implement PATCH {content_type:?}"),
-                ));
+                return Err(ApiError::unsupported(format!(
+                    "the fake API server does not implement PATCH {content_type:?}"
+                )));
             }
             let body = read_body(request, &content_type).await?;
             Ok(json_response(
@@ -1224,7 +1235,7 @@ impl Reconciler {
     }
 
     fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let text = strip_ansi(&std::fs::read_to_string(&self.log).unwrap_or_default());
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
@@ -1302,6 +1313,24 @@ impl Drop for Reconciler {
             let _ = self.child.wait();
         }
     }
+}
+
+/// The log without its colour codes (`ESC [ ... m`).
+fn strip_ansi(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 fn clock_ticks() -> f64 {
