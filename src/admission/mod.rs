@@ -5,6 +5,7 @@
 //! Pure apart from the lookups in the given [`ObjectSource`].
 
 mod mutate;
+pub mod projection;
 mod validate;
 
 pub use validate::runtime_kind as runtime_kind_of;
@@ -88,6 +89,15 @@ impl Route {
             Route::ValidateTrainingRuntime => "validate-trainingruntime",
             Route::ValidateClusterTrainingRuntime => "validate-clustertrainingruntime",
             Route::MutateJobSet => "mutate-jobset",
+        }
+    }
+
+    /// The parts of a review this route reads ([`projection`]): a JobSet's pod templates are
+    /// mostly skipped, the objects validated are read whole.
+    pub fn review_shape(self) -> &'static projection::Shape {
+        match self {
+            Route::MutateJobSet => &projection::JOBSET_REVIEW,
+            _ => &projection::WHOLE_OBJECT_REVIEW,
         }
     }
 
@@ -183,7 +193,7 @@ pub async fn review<S: ObjectSource>(
     body: &[u8],
     objects: &S,
 ) -> Result<Reviewed, BadReview> {
-    let value: Value = serde_json::from_slice(body)
+    let value = projection::from_slice(route.review_shape(), body)
         .map_err(|e| BadReview(format!("request body is not JSON: {e}")))?;
     review_value(route, value, objects).await
 }
@@ -281,19 +291,12 @@ fn parse_request(mut value: Value) -> Result<Request, BadReview> {
     if let Some(old) = request.get_mut("oldObject") {
         old.take();
     }
-    let review: AdmissionReview<DynamicObject> =
-        from_owned_value(value).map_err(|e| BadReview(format!("not an AdmissionReview: {e}")))?;
+    let review: AdmissionReview<DynamicObject> = crate::objects::dir::from_value(&value)
+        .map_err(|e| BadReview(format!("not an AdmissionReview: {e}")))?;
     let req: AdmissionRequest<DynamicObject> = review
         .try_into()
         .map_err(|_| BadReview("AdmissionReview has no request".into()))?;
     Ok(Request { req, object })
-}
-
-/// [`crate::objects::dir::from_value`] for a value no longer needed: its strings are moved into
-/// `T`, not copied. The same messages (serde_json's owned and borrowed `Value` deserializers
-/// report alike).
-fn from_owned_value<T: serde::de::DeserializeOwned>(value: Value) -> Result<T, String> {
-    crate::objects::dir::deserialize_naming_field(value)
 }
 
 fn summarize(request: &Request) -> Summary {

@@ -83,7 +83,9 @@ impl KnownKind {
 /// # Errors
 /// The field path and serde's message.
 pub fn from_value<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, String> {
-    deserialize_naming_field(value)
+    // Tracking the path costs an allocation per field visited, and only the error message needs
+    // it: the plain deserialization runs first, the tracked one only to explain a failure.
+    T::deserialize(value).or_else(|_| deserialize_naming_field(value))
 }
 
 /// Deserializes `T` from any deserializer, prefixing serde's message with the field path.

@@ -2,7 +2,7 @@
 //! in-memory object source. Exact messages, uid echo, warnings, patches and bad input.
 
 use base64::Engine;
-use mpi_webhook::admission::{BadReview, Route, review};
+use mpi_webhook::admission::{BadReview, Route, review, review_value};
 use mpi_webhook::api::RuntimeKind;
 use mpi_webhook::objects::Snapshot;
 use pretty_assertions::assert_eq;
@@ -42,11 +42,21 @@ fn snapshot(runtimes: &[(RuntimeKind, Value)], train_jobs: &[Value]) -> Snapshot
     s
 }
 
+/// The answer `serve` gives to `body` (its bytes, parsed by the route's projection). Every
+/// caller also checks that the projection changes nothing: the `review` command, which reads
+/// the whole document, gives the same answer.
 async fn respond(route: Route, body: &Value, objects: &Snapshot) -> Value {
     let bytes = serde_json::to_vec(body).expect("serializes");
     let reviewed = review(route, &bytes, objects)
         .await
         .expect("an AdmissionReview");
+    let whole = review_value(route, body.clone(), objects)
+        .await
+        .expect("an AdmissionReview");
+    assert_eq!(
+        reviewed.review, whole.review,
+        "projected and whole parse answer alike"
+    );
     serde_json::to_value(reviewed.review).expect("serializes")
 }
 
@@ -235,6 +245,103 @@ async fn jobset_owned_by_an_mpi_trainjob_is_patched_once() {
         again["response"].get("patch"),
         None,
         "second pass: no patch"
+    );
+}
+
+/// The mutate route reads a projection of the JobSet (`admission::projection`). Wherever the
+/// policy reads or writes, a value of the wrong type, a value already in place, an unknown field
+/// or a duplicate key must give the answer the whole document gives.
+#[tokio::test]
+async fn projected_jobsets_answer_as_whole_ones() {
+    let rt = mpi_runtime();
+    let tj = train_job(json!({"numNodes": 3}));
+    let objects = snapshot(
+        &[(RuntimeKind::TrainingRuntime, rt.clone())],
+        std::slice::from_ref(&tj),
+    );
+    let js = jobset(&rt, &tj);
+    let pod = "/spec/replicatedJobs/1/template/spec/template/spec";
+    let edits: &[(&str, Value)] = &[
+        ("/spec", json!({})),
+        ("/spec", json!("spec")),
+        ("/spec/replicatedJobs", json!(5)),
+        ("/spec/replicatedJobs/0", json!("job")),
+        ("/spec/replicatedJobs/1/name", json!(["launcher"])),
+        ("/spec/replicatedJobs/1/template", json!([])),
+        ("/spec/replicatedJobs/1/template/spec", json!(null)),
+        ("/spec/replicatedJobs/0/template/spec/parallelism", json!(2)),
+        (
+            "/spec/replicatedJobs/0/template/spec/completions",
+            json!("2"),
+        ),
+        ("/spec/replicatedJobs/1/template/spec/template", json!(1.5)),
+        (pod, json!(true)),
+        (
+            "/spec/replicatedJobs/1/template/spec/template/spec/volumes",
+            json!("v"),
+        ),
+        (
+            "/spec/replicatedJobs/1/template/spec/template/spec/containers",
+            json!({}),
+        ),
+        (
+            "/spec/replicatedJobs/1/template/spec/template/spec/containers/0",
+            json!("c"),
+        ),
+        (
+            "/spec/replicatedJobs/1/template/spec/template/spec/containers/0/volumeMounts",
+            json!({"mountPath": "/root/.ssh"}),
+        ),
+        (
+            "/spec/replicatedJobs/1/template/spec/template/spec/containers/0/env",
+            json!([{"name": "OMPI_MCA_orte_keep_fqdn_hostnames", "value": "true", "x": {"y": [1]}}]),
+        ),
+        (
+            "/spec/replicatedJobs/1/template/spec/template/spec/x-unknown",
+            json!({"a": [1, {"b": null}]}),
+        ),
+        ("/metadata/ownerReferences", json!("owner")),
+    ];
+    for (at, value) in edits {
+        let mut edited = js.clone();
+        let (parent, last) = at.rsplit_once('/').expect("a pointer");
+        match edited.pointer_mut(parent) {
+            Some(Value::Object(map)) => {
+                map.insert(last.to_string(), value.clone());
+            }
+            Some(Value::Array(items)) => {
+                items[last.parse::<usize>().expect("index")] = value.clone()
+            }
+            _ => panic!("{parent} is not a container in the sample JobSet"),
+        }
+        // `respond` asserts that the projected and the whole parse agree.
+        respond(
+            Route::MutateJobSet,
+            &admission_review(JOBSET, "CREATE", edited),
+            &objects,
+        )
+        .await;
+    }
+    // A duplicate key: the last one wins in both parses.
+    let body = serde_json::to_string(&admission_review(JOBSET, "CREATE", js)).expect("JSON");
+    let duplicated = body.replacen(
+        "\"replicatedJobs\":",
+        "\"replicatedJobs\":\"first\",\"replicatedJobs\":",
+        1,
+    );
+    assert_ne!(body, duplicated, "the sample has replicatedJobs");
+    let projected = review(Route::MutateJobSet, duplicated.as_bytes(), &objects)
+        .await
+        .expect("an AdmissionReview");
+    let whole: Value = serde_json::from_str(&duplicated).expect("JSON");
+    let whole = review_value(Route::MutateJobSet, whole, &objects)
+        .await
+        .expect("an AdmissionReview");
+    assert_eq!(projected.review, whole.review);
+    assert!(
+        projected.summary.patch_operations > 0,
+        "{:?}",
+        projected.summary
     );
 }
 
