@@ -31,33 +31,66 @@ pub struct MutationError {
     pub expected: &'static str,
 }
 
-/// A path into the JobSet: JSON pointer tokens.
-type Path = Vec<String>;
-
-fn path(tokens: &[&str]) -> Path {
-    tokens.iter().map(|t| (*t).to_string()).collect()
+/// One step of a path into the JobSet. Every member name the policy uses is a constant, so a
+/// path is a vector of small `Copy` values: building and extending one allocates once, not once
+/// per token (a mutation builds dozens of paths).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Token {
+    /// An object member.
+    Key(&'static str),
+    /// An array element.
+    Index(usize),
+    /// The end of an array (`-` in a JSON pointer): where `add` appends.
+    End,
 }
 
-fn child(base: &Path, tokens: &[&str]) -> Path {
-    base.iter()
-        .cloned()
-        .chain(tokens.iter().map(|t| (*t).to_string()))
-        .collect()
+/// A path into the JobSet.
+type Path = Vec<Token>;
+
+fn child(base: &[Token], tokens: &[Token]) -> Path {
+    let mut path = Vec::with_capacity(base.len() + tokens.len());
+    path.extend_from_slice(base);
+    path.extend_from_slice(tokens);
+    path
 }
 
-fn dotted(path: &[String]) -> String {
+/// `tokens` as member names.
+fn keys<const N: usize>(names: [&'static str; N]) -> [Token; N] {
+    names.map(Token::Key)
+}
+
+fn dotted(path: &[Token]) -> String {
     let mut out = String::new();
     for token in path {
-        if token.parse::<usize>().is_ok() {
-            out.push_str(&format!("[{token}]"));
-        } else {
-            if !out.is_empty() {
-                out.push('.');
+        match token {
+            Token::Index(i) => out.push_str(&format!("[{i}]")),
+            Token::End => out.push_str("[-]"),
+            Token::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(key);
             }
-            out.push_str(token);
         }
     }
     out
+}
+
+/// The child of `value` at `token`, if there is one.
+fn step<'v>(value: &'v Value, token: &Token) -> Option<&'v Value> {
+    match (value, token) {
+        (Value::Object(map), Token::Key(key)) => map.get(*key),
+        (Value::Array(items), Token::Index(i)) => items.get(*i),
+        _ => None,
+    }
+}
+
+fn step_mut<'v>(value: &'v mut Value, token: &Token) -> Option<&'v mut Value> {
+    match (value, token) {
+        (Value::Object(map), Token::Key(key)) => map.get_mut(*key),
+        (Value::Array(items), Token::Index(i)) => items.get_mut(*i),
+        _ => None,
+    }
 }
 
 fn json_type(value: &Value) -> &'static str {
@@ -84,23 +117,17 @@ struct Patcher {
 
 impl Patcher {
     /// `path` below `base`, or `None` for a path outside the working copy (never asked for).
-    fn local<'p>(&self, path: &'p [String]) -> Option<&'p [String]> {
+    fn local<'p>(&self, path: &'p [Token]) -> Option<&'p [Token]> {
         path.strip_prefix(self.base.as_slice())
     }
 
-    fn get(&self, path: &[String]) -> Option<&Value> {
-        self.local(path)?
-            .iter()
-            .try_fold(&self.doc, |value, token| match value {
-                Value::Object(map) => map.get(token),
-                Value::Array(items) => items.get(token.parse::<usize>().ok()?),
-                _ => None,
-            })
+    fn get(&self, path: &[Token]) -> Option<&Value> {
+        self.local(path)?.iter().try_fold(&self.doc, step)
     }
 
     /// Records `add` (`replace: false`) or `replace` of `value` at `path` and applies it to the
     /// working copy.
-    fn emit(&mut self, replace: bool, path: &[String], value: Value) {
+    fn emit(&mut self, replace: bool, path: &[Token], value: Value) {
         self.apply(path, &value);
         let path = Self::pointer(path);
         self.ops.push(if replace {
@@ -116,7 +143,7 @@ impl Patcher {
     /// object member, the end of an array, an existing value), where `add` and `replace` both
     /// set the value; were one not to apply, the working copy would only be stale for later
     /// operations of this same pass.
-    fn apply(&mut self, path: &[String], value: &Value) {
+    fn apply(&mut self, path: &[Token], value: &Value) {
         let Some(path) = path.strip_prefix(self.base.as_slice()) else {
             return;
         };
@@ -124,20 +151,14 @@ impl Patcher {
             self.doc = value.clone();
             return;
         };
-        let parent = parents
-            .iter()
-            .try_fold(&mut self.doc, |node, token| match node {
-                Value::Object(map) => map.get_mut(token),
-                Value::Array(items) => items.get_mut(token.parse::<usize>().ok()?),
-                _ => None,
-            });
-        match parent {
-            Some(Value::Object(map)) => {
-                map.insert(last.clone(), value.clone());
+        let parent = parents.iter().try_fold(&mut self.doc, step_mut);
+        match (parent, last) {
+            (Some(Value::Object(map)), Token::Key(key)) => {
+                map.insert((*key).to_string(), value.clone());
             }
-            Some(Value::Array(items)) if last == "-" => items.push(value.clone()),
-            Some(Value::Array(items)) => {
-                if let Some(slot) = last.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+            (Some(Value::Array(items)), Token::End) => items.push(value.clone()),
+            (Some(Value::Array(items)), Token::Index(i)) => {
+                if let Some(slot) = items.get_mut(*i) {
                     *slot = value.clone();
                 }
             }
@@ -145,22 +166,39 @@ impl Patcher {
         }
     }
 
-    fn pointer(path: &[String]) -> PointerBuf {
-        PointerBuf::from_tokens(path.iter().map(String::as_str))
+    fn pointer(path: &[Token]) -> PointerBuf {
+        let mut pointer = PointerBuf::new();
+        for token in path {
+            match token {
+                Token::Key(key) => pointer.push_back(*key),
+                Token::Index(i) => pointer.push_back(*i),
+                Token::End => pointer.push_back("-"),
+            }
+        }
+        pointer
     }
 
     /// Sets `path` to `value`, creating missing parent objects; no operation when equal.
-    fn set(&mut self, path: &[String], value: Value) -> Result<(), MutationError> {
+    fn set(&mut self, path: &[Token], value: Value) -> Result<(), MutationError> {
         // The levels down to `base` exist (objects and the replicatedJobs array).
         for depth in self.base.len()..path.len() {
             let parent = &path[..depth];
-            match self.get(parent) {
+            let node = self.get(parent);
+            match node {
                 Some(Value::Object(map)) => {
-                    if map.get(&path[depth]).is_none_or(Value::is_null) {
-                        let nested = path[depth + 1..]
-                            .iter()
-                            .rev()
-                            .fold(value, |inner, token| json!({ token: inner }));
+                    // Only member names follow objects in the paths the policy writes.
+                    let Token::Key(key) = path[depth] else {
+                        return Err(wrong_type(parent, node, "an array"));
+                    };
+                    if map.get(key).is_none_or(Value::is_null) {
+                        let nested =
+                            path[depth + 1..].iter().rev().fold(
+                                value,
+                                |inner, token| match token {
+                                    Token::Key(key) => json!({ *key: inner }),
+                                    Token::Index(_) | Token::End => json!([inner]),
+                                },
+                            );
                         self.emit(false, &path[..=depth], nested);
                         return Ok(());
                     }
@@ -176,7 +214,7 @@ impl Patcher {
     }
 
     /// Upserts `item` into the list at `path`, matching entries on `key`.
-    fn upsert(&mut self, path: &[String], key: &str, item: Value) -> Result<(), MutationError> {
+    fn upsert(&mut self, path: &[Token], key: &str, item: Value) -> Result<(), MutationError> {
         let list = match self.get(path) {
             None | Some(Value::Null) => return self.set(path, Value::Array(vec![item])),
             Some(Value::Array(list)) => list,
@@ -188,11 +226,11 @@ impl Patcher {
         {
             Some(i) if list[i] == item => {}
             Some(i) => {
-                let at = child(&path.to_vec(), &[&i.to_string()]);
+                let at = child(path, &[Token::Index(i)]);
                 self.emit(true, &at, item);
             }
             None => {
-                let at = child(&path.to_vec(), &["-"]);
+                let at = child(path, &[Token::End]);
                 self.emit(false, &at, item);
             }
         }
@@ -200,7 +238,7 @@ impl Patcher {
     }
 }
 
-fn wrong_type(path: &[String], found: Option<&Value>, expected: &'static str) -> MutationError {
+fn wrong_type(path: &[Token], found: Option<&Value>, expected: &'static str) -> MutationError {
     MutationError {
         field: dotted(path),
         found: found.map_or("\"null\"", json_type),
@@ -250,7 +288,7 @@ pub fn enforce_mpi_policy(
         Some(Value::Array(rjobs)) => rjobs,
         other => {
             return Err(wrong_type(
-                &path(&["spec", "replicatedJobs"]),
+                &keys(["spec", "replicatedJobs"]),
                 other,
                 "an array",
             ));
@@ -261,7 +299,7 @@ pub fn enforce_mpi_policy(
         if name != LAUNCHER && name != NODE {
             continue;
         }
-        let rjob_path = path(&["spec", "replicatedJobs", &i.to_string()]);
+        let rjob_path = child(&keys(["spec", "replicatedJobs"]), &[Token::Index(i)]);
         let mut patcher = Patcher {
             base: rjob_path.clone(),
             doc: rjob.clone(),
@@ -276,50 +314,50 @@ pub fn enforce_mpi_policy(
 fn enforce_replicated_job(
     patcher: &mut Patcher,
     plan: &MpiPlan,
-    rjob_path: &Path,
+    rjob_path: &[Token],
     is_launcher: bool,
 ) -> Result<(), MutationError> {
     // C.1: the worker count, only when the TrainJob sets numNodes.
     if let (false, Some(count)) = (is_launcher, plan.node_count) {
         patcher.set(
-            &child(rjob_path, &["template", "spec", "parallelism"]),
+            &child(rjob_path, &keys(["template", "spec", "parallelism"])),
             json!(count),
         )?;
         patcher.set(
-            &child(rjob_path, &["template", "spec", "completions"]),
+            &child(rjob_path, &keys(["template", "spec", "completions"])),
             json!(count),
         )?;
     }
     // C.3: volumes, by name.
-    let pod_spec = child(rjob_path, &["template", "spec", "template", "spec"]);
-    let volumes = child(&pod_spec, &["volumes"]);
+    let pod_spec = child(rjob_path, &keys(["template", "spec", "template", "spec"]));
+    let volumes = child(&pod_spec, &keys(["volumes"]));
     patcher.upsert(&volumes, "name", ssh_auth_volume(&plan.train_job))?;
     if is_launcher {
         patcher.upsert(&volumes, "name", hostfile_volume(&plan.train_job))?;
     }
     // C.4 and C.5: mounts by mountPath and env by name, on containers named `node` only.
-    let containers = child(&pod_spec, &["containers"]);
+    let containers = child(&pod_spec, &keys(["containers"]));
     let count = match patcher.get(&containers) {
         None | Some(Value::Null) => 0,
         Some(Value::Array(list)) => list.len(),
         other => return Err(wrong_type(&containers, other, "an array")),
     };
     for c in 0..count {
-        let container = child(&containers, &[&c.to_string()]);
+        let container = child(&containers, &[Token::Index(c)]);
         if patcher
-            .get(&child(&container, &["name"]))
+            .get(&child(&container, &keys(["name"])))
             .and_then(Value::as_str)
             != Some(NODE)
         {
             continue;
         }
-        let mounts = child(&container, &["volumeMounts"]);
+        let mounts = child(&container, &keys(["volumeMounts"]));
         let ssh_mount = json!({"name": SSH_AUTH_VOLUME, "mountPath": plan.ssh_auth_mount_path});
         patcher.upsert(&mounts, "mountPath", ssh_mount)?;
         if is_launcher {
             let hostfile_mount = json!({"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR});
             patcher.upsert(&mounts, "mountPath", hostfile_mount)?;
-            let env = child(&container, &["env"]);
+            let env = child(&container, &keys(["env"]));
             for (name, value) in plan.implementation.env_pairs(plan.slots) {
                 patcher.upsert(&env, "name", json!({"name": name, "value": value}))?;
             }
