@@ -346,7 +346,7 @@ fn reviewed_response(reviewed: Reviewed) -> (Outcome, usize, Response) {
         tracing::info!(message = denial_message(&review), "denied");
         Outcome::Denied
     } else if summary.patch_operations > 0 {
-        tracing::info!(operations = summary.patch_operations, "patched");
+        tracing::debug!(operations = summary.patch_operations, "patched");
         Outcome::Patched
     } else {
         tracing::debug!("allowed");
