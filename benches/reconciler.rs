@@ -766,15 +766,12 @@ async fn handle(api: Arc<FakeApi>, request: Request<Incoming>) -> Response<Body>
     let path = request.uri().path().to_string();
     let params = query_params(&request);
     let Some(target) = target(&path) else {
-        lock(&api.stats)
-            .unexpected
-            .push(format!("{method} {}", request.uri()));
-        return ApiError::new(
+        let error = ApiError::new(
             StatusCode::NOT_FOUND,
             "NotFound",
             format!("no route {path}"),
-        )
-        .response();
+        );
+        return unexpected(&api, &method, request.uri(), error);
     };
     let watching = matches!(params.get("watch").map(String::as_str), Some("true" | "1"));
     let content_type = request
@@ -791,15 +788,12 @@ async fn handle(api: Arc<FakeApi>, request: Request<Incoming>) -> Response<Body>
         (&Method::PATCH, true) if content_type.starts_with("application/apply-patch") => "apply",
         (&Method::PATCH, true) => "patch",
         _ => {
-            lock(&api.stats)
-                .unexpected
-                .push(format!("{method} {}", request.uri()));
-            return ApiError::new(
+            let error = ApiError::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "MethodNotAllowed",
                 format!("{method} {path} is not implemented by the fake API server"),
-            )
-            .response();
+            );
+            return unexpected(&api, &method, request.uri(), error);
         }
     };
     *lock(&api.stats)
@@ -814,15 +808,25 @@ async fn handle(api: Arc<FakeApi>, request: Request<Incoming>) -> Response<Body>
     let uri = request.uri().to_string();
     match answer(&api, request, verb, &target, &params, metadata_only).await {
         Ok(response) => response,
-        Err(error) => {
-            if error.code == StatusCode::NOT_IMPLEMENTED {
-                lock(&api.stats)
-                    .unexpected
-                    .push(format!("{method} {uri}: {}", error.message));
-            }
-            error.response()
+        Err(error) if error.code == StatusCode::NOT_IMPLEMENTED => {
+            unexpected(&api, &method, &uri, error)
         }
+        Err(error) => error.response(),
     }
+}
+
+/// Answers a request the fake does not implement with `error`, and records it: any such
+/// request fails the run.
+fn unexpected(
+    api: &FakeApi,
+    method: &Method,
+    uri: impl std::fmt::Display,
+    error: ApiError,
+) -> Response<Body> {
+    lock(&api.stats)
+        .unexpected
+        .push(format!("{method} {uri}: {}", error.message));
+    error.response()
 }
 
 async fn read_body(request: Request<Incoming>, content_type: &str) -> Result<Value, ApiError> {
