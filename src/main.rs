@@ -10,9 +10,14 @@ use mpi_webhook::{certs, offline, serve, tls};
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colours only for a person at a terminal: in a pod stderr is a pipe to the log collector,
+    // where escape codes would garble every line (and cost a little on each request's span).
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour)
         .init();
 }
 

@@ -23,7 +23,8 @@ const WAIT: Duration = Duration::from_secs(20);
 fn binary() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"));
     command
-        .env("NO_COLOR", "1")
+        // Logs must be plain text when stderr is not a terminal, whatever NO_COLOR says.
+        .env_remove("NO_COLOR")
         .env("RUST_LOG", "info,mpi_webhook::server=debug")
         // No cluster: the shipped runtimes are used whatever this machine's kubeconfig says.
         .env("KUBECONFIG", "/nonexistent/kubeconfig")
@@ -74,7 +75,11 @@ impl Server {
             addr: "0.0.0.0:0".parse().unwrap(),
             log,
         };
-        let line = server.wait_for_log("https_addr=");
+        let line = server.wait_for_log("https_addr");
+        assert!(
+            !line.contains('\u{1b}'),
+            "escape codes in a log piped to a file: {line:?}"
+        );
         let addr = line
             .split("https_addr=")
             .nth(1)
