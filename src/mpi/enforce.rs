@@ -144,7 +144,7 @@ impl Patcher {
     /// set the value; were one not to apply, the working copy would only be stale for later
     /// operations of this same pass.
     fn apply(&mut self, path: &[Token], value: &Value) {
-        let Some(path) = path.strip_prefix(self.base.as_slice()) else {
+        let Some(path) = self.local(path) else {
             return;
         };
         let Some((last, parents)) = path.split_last() else {

@@ -85,25 +85,15 @@ impl KnownKind {
 pub fn from_value<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, String> {
     // Tracking the path costs an allocation per field visited, and only the error message needs
     // it: the plain deserialization runs first, the tracked one only to explain a failure.
-    T::deserialize(value).or_else(|_| deserialize_naming_field(value))
-}
-
-/// Deserializes `T` from any deserializer, prefixing serde's message with the field path.
-///
-/// # Errors
-/// The field path and serde's message.
-pub fn deserialize_naming_field<'de, D, T>(deserializer: D) -> Result<T, String>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let path = e.path().to_string();
-        if path == "." {
-            e.into_inner().to_string()
-        } else {
-            format!("{path}: {}", e.into_inner())
-        }
+    T::deserialize(value).or_else(|_| {
+        serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." {
+                e.into_inner().to_string()
+            } else {
+                format!("{path}: {}", e.into_inner())
+            }
+        })
     })
 }
 
