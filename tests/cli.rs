@@ -13,6 +13,14 @@ fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
+/// `mpi-webhook render --objects-dir <dir>`.
+fn render_dir(dir: &Path) -> Output {
+    run(
+        &["render", "--objects-dir", dir.to_str().expect("utf-8")],
+        None,
+    )
+}
+
 fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"))
         .args(args)
@@ -185,30 +193,12 @@ fn malformed_objects_dir_file_is_named() {
         "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: pi}\nspec:\n  trainer:\n    numNodes: three\n",
     )
     .expect("write");
-    let out = run(
-        &[
-            "render",
-            "--objects-dir",
-            dir.path().to_str().expect("utf-8"),
-        ],
-        None,
-    );
+    let out = render_dir(dir.path());
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("bad.yaml: document 1 (TrainJob \"pi\"): spec.trainer.numNodes: invalid type: string \"three\", expected i32"), "{stderr}");
     std::fs::write(dir.path().join("bad.yaml"), "a: [unclosed\n").expect("write");
-    let stderr = String::from_utf8_lossy(
-        &run(
-            &[
-                "render",
-                "--objects-dir",
-                dir.path().to_str().expect("utf-8"),
-            ],
-            None,
-        )
-        .stderr,
-    )
-    .to_string();
+    let stderr = String::from_utf8_lossy(&render_dir(dir.path()).stderr).to_string();
     assert!(stderr.contains("bad.yaml: not valid YAML"), "{stderr}");
 }
 
@@ -222,14 +212,7 @@ fn render_prints_secret_then_configmap_per_trainjob_and_reports_missing_runtimes
         let from = repo(&format!("manifests/{file}"));
         std::fs::copy(&from, dir.path().join(from.file_name().expect("name"))).expect("copy");
     }
-    let out = run(
-        &[
-            "render",
-            "--objects-dir",
-            dir.path().to_str().expect("utf-8"),
-        ],
-        None,
-    );
+    let out = render_dir(dir.path());
     assert!(
         out.status.success(),
         "{}",
@@ -251,14 +234,7 @@ fn render_prints_secret_then_configmap_per_trainjob_and_reports_missing_runtimes
         "apiVersion: trainer.kubeflow.org/v1alpha1\nkind: TrainJob\nmetadata: {name: orphan, namespace: default}\nspec:\n  runtimeRef: {name: nowhere}\n",
     )
     .expect("write");
-    let out = run(
-        &[
-            "render",
-            "--objects-dir",
-            dir.path().to_str().expect("utf-8"),
-        ],
-        None,
-    );
+    let out = render_dir(dir.path());
     assert_eq!(out.status.code(), Some(1));
     assert_eq!(
         String::from_utf8_lossy(&out.stderr).trim_end(),
