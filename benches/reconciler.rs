@@ -1514,6 +1514,31 @@ struct Phase {
     usage: Option<(u64, f64)>,
 }
 
+/// Waits for `process` to settle, then reads what the phase `name` did: the reconciles and
+/// errors the process counted beyond `base` (its counts before the phase) and the requests the
+/// fake served since `before`.
+async fn finish_phase(
+    name: &'static str,
+    api: &FakeApi,
+    process: &mut Reconciler,
+    before: &Stats,
+    base: (u64, u64),
+    done: Duration,
+) -> Result<Phase, AnyError> {
+    let settled = settle(api, process).await?;
+    let metrics = scrape(process.metrics).await?;
+    Ok(Phase {
+        name,
+        done,
+        first: None,
+        settled,
+        reconciles: metric(&metrics, FINISHED) - base.0,
+        errors: metric(&metrics, "mpi_webhook_reconcile_errors_total") - base.1,
+        requests: api.stats().since(before),
+        usage: None,
+    })
+}
+
 impl Phase {
     fn writes(&self) -> u64 {
         self.requests
@@ -1559,18 +1584,8 @@ async fn run(config: &Config) -> Result<(), AnyError> {
     let mut process = Reconciler::start(&kubeconfig, log_dir.join("reconcile-1.log"))?;
     let (first, all) = converge(&api, &mut process).await?;
     eprintln!("  create: all objects after {all:.2?}; settling");
-    let settled = settle(&api, &mut process).await?;
-    let metrics = scrape(process.metrics).await?;
-    let create = Phase {
-        name: "create",
-        done: all,
-        first: Some(first),
-        settled,
-        reconciles: metric(&metrics, FINISHED),
-        errors: metric(&metrics, "mpi_webhook_reconcile_errors_total"),
-        requests: api.stats().since(&before),
-        usage: None,
-    };
+    let mut create = finish_phase("create", &api, &mut process, &before, (0, 0), all).await?;
+    create.first = Some(first);
     verify(&api, &jobs)?;
 
     // 2. No-op resync: every TrainJob MODIFIED, spec unchanged.
@@ -1581,18 +1596,16 @@ async fn run(config: &Config) -> Result<(), AnyError> {
     reconciled(&mut process, base.0 + touched).await?;
     let done = start.elapsed();
     eprintln!("  resync (MODIFIED): {touched} reconciles after {done:.2?}; settling");
-    let settled = settle(&api, &mut process).await?;
-    let metrics = scrape(process.metrics).await?;
-    let modified = Phase {
-        name: "no-op resync: MODIFIED",
+    let mut modified = finish_phase(
+        "no-op resync: MODIFIED",
+        &api,
+        &mut process,
+        &before,
+        base,
         done,
-        first: None,
-        settled,
-        reconciles: metric(&metrics, FINISHED) - base.0,
-        errors: metric(&metrics, "mpi_webhook_reconcile_errors_total") - base.1,
-        requests: api.stats().since(&before),
-        usage: Some(process.usage()?),
-    };
+    )
+    .await?;
+    modified.usage = Some(process.usage()?);
     process.stop()?;
     drop(process);
 
@@ -1602,18 +1615,16 @@ async fn run(config: &Config) -> Result<(), AnyError> {
     reconciled(&mut process, n).await?;
     let done = process.started.elapsed();
     eprintln!("  resync (restart): {n} reconciles after {done:.2?}; settling");
-    let settled = settle(&api, &mut process).await?;
-    let metrics = scrape(process.metrics).await?;
-    let restart = Phase {
-        name: "no-op resync: restart",
+    let mut restart = finish_phase(
+        "no-op resync: restart",
+        &api,
+        &mut process,
+        &before,
+        (0, 0),
         done,
-        first: None,
-        settled,
-        reconciles: metric(&metrics, FINISHED),
-        errors: metric(&metrics, "mpi_webhook_reconcile_errors_total"),
-        requests: api.stats().since(&before),
-        usage: Some(process.usage()?),
-    };
+    )
+    .await?;
+    restart.usage = Some(process.usage()?);
     process.stop()?;
     drop(process);
     verify(&api, &jobs)?;
