@@ -280,7 +280,7 @@ async fn write_baseline_responses(
         }
         std::fs::write(
             dir.join(w.route.path().trim_start_matches('/')),
-            serde_json::to_vec(&reviewed.review)?,
+            &reviewed.body,
         )?;
     }
     Ok(())

@@ -13,12 +13,13 @@ use std::task::{Context, Poll, Waker};
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use mpi_webhook::admission::{Route, review};
 use mpi_webhook::api::{RuntimeKind, TrainJob, TrainingRuntime};
-use mpi_webhook::mpi::enforce::enforce_mpi_policy;
+use mpi_webhook::mpi::enforce::{JobSetView, enforce_fresh, enforce_mpi_policy};
 use mpi_webhook::mpi::hostfile::hostfile;
 use mpi_webhook::mpi::plan::MpiPlan;
 use mpi_webhook::mpi::ssh_secret::generate_key_pair;
 use mpi_webhook::mpi::validate::validate_train_job;
 use mpi_webhook::objects::Snapshot;
+use mpi_webhook::raw_json::RawJson;
 use serde_json::Value;
 
 const REVIEWS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/samples/reviews");
@@ -84,7 +85,7 @@ fn validate(c: &mut Criterion) {
         b.iter(|| {
             validate_train_job(
                 black_box(&fx.train_job),
-                black_box(&fx.train_job_raw),
+                black_box(&RawJson::from(&fx.train_job_raw)),
                 &fx.runtime,
                 RuntimeKind::ClusterTrainingRuntime,
             )
@@ -107,6 +108,7 @@ fn validate(c: &mut Criterion) {
 fn mutate(c: &mut Criterion) {
     let body = sample(MUTATE_SAMPLE);
     let jobset = json(&body)["request"]["object"].take();
+    let jobset_text = jobset.to_string();
     let mut group = c.benchmark_group("mutate_jobset");
     for num_nodes in [3, 1_000] {
         let fx = fixture(num_nodes);
@@ -123,6 +125,19 @@ fn mutate(c: &mut Criterion) {
                     let plan = MpiPlan::new(black_box(&fx.train_job), &fx.runtime);
                     let plan = plan.ok().flatten().expect("plan");
                     enforce_mpi_policy(&plan, black_box(&jobset))
+                });
+            },
+        );
+        // The fast path serve takes for a JobSet as Trainer creates it: read + plan + operations.
+        group.bench_with_input(
+            BenchmarkId::new("read+plan+enforce_fresh", num_nodes),
+            &num_nodes,
+            |b, _| {
+                b.iter(|| {
+                    let view = JobSetView::read(black_box(&jobset_text)).expect("readable");
+                    let plan = MpiPlan::new(black_box(&fx.train_job), &fx.runtime);
+                    let plan = plan.ok().flatten().expect("plan");
+                    enforce_fresh(&plan, &view)
                 });
             },
         );

@@ -101,7 +101,7 @@ pub async fn review(args: &ReviewArgs) -> Result<String, OfflineError> {
     let reviewed = admission::review_value(route, value, &snapshot)
         .await
         .map_err(bad)?;
-    Ok(serde_json::to_string_pretty(&reviewed.review)?)
+    Ok(serde_json::to_string_pretty(&reviewed.json())?)
 }
 
 /// `render`: the YAML and the skipped TrainJobs.

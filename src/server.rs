@@ -1,6 +1,6 @@
 //! The HTTPS router of `serve`: the four admission routes, `/healthz` and `/readyz`. Handlers are
-//! thin: read the body (bounded in size and time), call [`admission::review`], record one span,
-//! one log event and the metrics, and answer.
+//! thin: read the body (bounded in size and time), call [`admission::review`], log one event,
+//! record the metrics, and answer.
 //!
 //! Outcomes: a review answered (allowed, patched or denied) is HTTP 200; a body that is not an
 //! AdmissionReview is 400 with a JSON `{"code", "message"}`; a body over 7 MiB is 413; an internal
@@ -19,8 +19,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use kube::core::admission::AdmissionResponse;
-use tracing::Instrument;
-use tracing::field::Empty;
 
 use crate::admission::{self, Reviewed, Route};
 use crate::metrics::{Metrics, Outcome};
@@ -173,26 +171,10 @@ async fn admit<S: ObjectSource + 'static>(
     request: Request,
 ) -> Response {
     let started = Instant::now();
-    let span = tracing::info_span!(
-        "admission",
-        route = route.name(),
-        uid = Empty,
-        kind = Empty,
-        namespace = Empty,
-        name = Empty,
-        operation = Empty,
-        allowed = Empty,
-        patched = Empty,
-        duration_ms = Empty,
-    );
-    async move {
-        tracing::debug!("request received");
-        let budget = deadline(request.uri().query());
-        let answer = answer(route, &state, request, started + budget).await;
-        finish(route, &state.metrics, answer, started)
-    }
-    .instrument(span)
-    .await
+    tracing::debug!(route = route.name(), "request received");
+    let budget = deadline(request.uri().query());
+    let answer = answer(route, &state, request, started + budget).await;
+    finish(route, &state.metrics, answer, started)
 }
 
 async fn answer<S: ObjectSource>(
@@ -288,17 +270,18 @@ fn json_response(body: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
-/// Records the answer on the span, in the log and in the metrics, and turns it into a response.
+/// Logs the answer, records it in the metrics, and turns it into a response.
 fn finish(route: Route, metrics: &Metrics, answer: Answer, started: Instant) -> Response {
-    let span = tracing::Span::current();
     let elapsed = started.elapsed();
-    span.record("duration_ms", elapsed.as_secs_f64() * 1000.0);
+    let duration_ms = elapsed.as_secs_f64() * 1000.0;
+    let route_name = route.name();
     let (outcome, patch_operations, response) = match answer {
-        Answer::Reviewed(reviewed) => reviewed_response(reviewed),
+        Answer::Reviewed(reviewed) => reviewed_response(route, reviewed, duration_ms),
         Answer::TimedOut { uid } => {
-            span.record("uid", uid.as_str());
-            span.record("allowed", false);
             tracing::error!(
+                route = route_name,
+                uid,
+                duration_ms,
                 "deadline expired before the review was evaluated; denied (fail closed)"
             );
             (
@@ -308,58 +291,59 @@ fn finish(route: Route, metrics: &Metrics, answer: Answer, started: Instant) -> 
             )
         }
         Answer::Error(e) => {
-            tracing::info!(status = e.status.as_u16(), error = %e.message, "request rejected");
+            tracing::info!(
+                route = route_name,
+                status = e.status.as_u16(),
+                error = %e.message,
+                duration_ms,
+                "request rejected"
+            );
             (e.outcome, 0, e.into_response())
         }
     };
-    metrics.observe_request(
-        route.name(),
-        outcome,
-        elapsed.as_secs_f64(),
-        patch_operations,
-    );
+    metrics.observe_request(route_name, outcome, elapsed.as_secs_f64(), patch_operations);
     response
 }
 
-fn reviewed_response(reviewed: Reviewed) -> (Outcome, usize, Response) {
-    let Reviewed { review, summary } = reviewed;
-    let span = tracing::Span::current();
-    span.record("uid", summary.uid.as_str());
-    span.record("kind", summary.kind.as_str());
-    span.record("namespace", summary.namespace.as_str());
-    span.record("name", summary.name.as_str());
-    span.record("operation", summary.operation.as_str());
-    span.record("allowed", summary.allowed);
-    span.record("patched", summary.patch_operations > 0);
-    let body = match serde_json::to_vec(&review) {
-        Ok(body) => body,
-        Err(e) => {
-            tracing::error!(error = %e, "serializing the response failed; denied (fail closed)");
-            let body = denial_body(summary.uid, admission::INTERNAL_ERROR_MESSAGE);
-            return (Outcome::Error, 0, json_response(body));
-        }
-    };
+/// Logs a reviewed request with what identifies it: denials at info, internal errors at error,
+/// the rest at debug. Events carry their fields themselves; a span per request would format its
+/// fields on every request, logged or not (issue 6).
+fn reviewed_response(
+    route: Route,
+    reviewed: Reviewed,
+    duration_ms: f64,
+) -> (Outcome, usize, Response) {
+    let Reviewed { body, summary } = reviewed;
+    macro_rules! log {
+        ($level:ident, $($rest:tt)*) => {
+            tracing::$level!(
+                route = route.name(),
+                uid = summary.uid,
+                kind = summary.kind,
+                namespace = summary.namespace,
+                name = summary.name,
+                operation = summary.operation,
+                allowed = summary.allowed,
+                duration_ms,
+                $($rest)*
+            )
+        };
+    }
     let outcome = if let Some(error) = &summary.internal_error {
-        tracing::error!(%error, "internal error; denied (fail closed)");
+        log!(error, error, "internal error; denied (fail closed)");
         Outcome::Error
     } else if !summary.allowed {
-        tracing::info!(message = denial_message(&review), "denied");
+        let message = summary.denial.as_deref().unwrap_or_default();
+        log!(info, message, "denied");
         Outcome::Denied
     } else if summary.patch_operations > 0 {
-        tracing::debug!(operations = summary.patch_operations, "patched");
+        log!(debug, operations = summary.patch_operations, "patched");
         Outcome::Patched
     } else {
-        tracing::debug!("allowed");
+        log!(debug, "allowed");
         Outcome::Allowed
     };
     (outcome, summary.patch_operations, json_response(body))
-}
-
-fn denial_message(review: &serde_json::Value) -> &str {
-    review
-        .pointer("/response/status/message")
-        .and_then(serde_json::Value::as_str)
-        .unwrap_or_default()
 }
 
 /// The time budget of a request: the apiserver's `?timeout=` (a Go duration such as `10s`,

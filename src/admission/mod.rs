@@ -7,15 +7,22 @@
 mod mutate;
 pub mod projection;
 mod validate;
+mod wire;
 
 pub use validate::runtime_kind as runtime_kind_of;
+
+use std::collections::HashMap;
 
 use kube::core::DynamicObject;
 use kube::core::Status;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use serde::de::DeserializeOwned;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::objects::ObjectSource;
+use crate::objects::dir::from_value;
+use crate::raw_json::RawJson;
 
 /// The HTTPS admission routes of `serve` (interface.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,7 +122,8 @@ impl Route {
 #[error("{0}")]
 pub struct BadReview(pub String);
 
-/// What happened to one review, for logs and metrics. Holds no object content.
+/// What happened to one review, for logs and metrics. Holds no object content beyond what the
+/// denial message quotes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Summary {
     /// Request uid.
@@ -132,6 +140,8 @@ pub struct Summary {
     pub allowed: bool,
     /// Number of JSON patch operations returned.
     pub patch_operations: usize,
+    /// The message of a denial, as sent.
+    pub denial: Option<String>,
     /// An internal failure behind a generic denial; logged, never sent to the client.
     pub internal_error: Option<String>,
 }
@@ -139,10 +149,18 @@ pub struct Summary {
 /// A review answered.
 #[derive(Debug, Clone)]
 pub struct Reviewed {
-    /// The `admission.k8s.io/v1` AdmissionReview response to send, as JSON.
-    pub review: Value,
+    /// The `admission.k8s.io/v1` AdmissionReview response to send, as JSON bytes.
+    pub body: Vec<u8>,
     /// What happened.
     pub summary: Summary,
+}
+
+impl Reviewed {
+    /// The response review as a JSON value (for printing and tests; `serve` sends [`Self::body`]).
+    pub fn json(&self) -> Value {
+        // The body was serialized by this crate from plain types: it always parses.
+        serde_json::from_slice(&self.body).unwrap_or(Value::Null)
+    }
 }
 
 /// The verdict of one policy step, before it becomes a response.
@@ -178,17 +196,79 @@ impl Verdict {
     }
 }
 
-/// The request as the policy reads it: the kube request (objects taken out) and the raw objects.
-pub(crate) struct Request {
+/// The request as the policy reads it: the kube request (objects taken out) and the object.
+pub(crate) struct Request<'a> {
     pub req: AdmissionRequest<DynamicObject>,
-    pub object: Option<Value>,
+    pub object: Option<Object<'a>>,
 }
 
+/// The object under review: raw JSON text from the fast read ([`wire`]), or a value from the
+/// general path. Routes read it into their types with [`Object::read`], which gives the same
+/// result either way.
+pub(crate) enum Object<'a> {
+    Raw(&'a RawValue),
+    Parsed(Value),
+}
+
+impl Object<'_> {
+    /// The object as `T`. Raw text is read straight into `T`; should that fail (a malformed
+    /// object, or a duplicate member, which a `Value` resolves by keeping the last), the object
+    /// is read as the general path reads it, through a `Value`, whose answer and message count.
+    pub(crate) fn read<T: DeserializeOwned>(&self) -> Result<T, String> {
+        match self {
+            Object::Raw(raw) => serde_json::from_str(raw.get()).or_else(|_| {
+                let value: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
+                from_value(&value)
+            }),
+            Object::Parsed(value) => from_value(value),
+        }
+    }
+
+    /// The client's JSON, for the values denials quote.
+    pub(crate) fn raw_json(&self) -> RawJson<'_> {
+        match self {
+            Object::Raw(raw) => RawJson::text(raw),
+            Object::Parsed(value) => RawJson::from(value),
+        }
+    }
+}
+
+/// `apiVersion` of the reviews read and written.
+const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
+/// `kind` of the reviews read and written.
+const REVIEW_KIND: &str = "AdmissionReview";
+
 /// Answers one AdmissionReview (JSON bytes) on `route`.
+///
+/// The review is read by a fast, typed read ([`wire`]) when it can be, else by the route's
+/// projection ([`review_projected`]); both give the answer [`review_value`] gives.
 ///
 /// # Errors
 /// [`BadReview`] when the body is not an `admission.k8s.io/v1` AdmissionReview with a request.
 pub async fn review<S: ObjectSource>(
+    route: Route,
+    body: &[u8],
+    objects: &S,
+) -> Result<Reviewed, BadReview> {
+    match wire::read(body) {
+        Some((req, object)) => {
+            let request = Request {
+                req,
+                object: object.map(Object::Raw),
+            };
+            Ok(answer(route, &request, objects).await)
+        }
+        None => review_projected(route, body, objects).await,
+    }
+}
+
+/// [`review`] without its fast read: the review parsed through the route's [`projection`]. What
+/// `review` falls back to for a body the fast read does not accept, and the place its errors
+/// are explained.
+///
+/// # Errors
+/// [`BadReview`] when the body is not an `admission.k8s.io/v1` AdmissionReview with a request.
+pub async fn review_projected<S: ObjectSource>(
     route: Route,
     body: &[u8],
     objects: &S,
@@ -208,33 +288,81 @@ pub async fn review_value<S: ObjectSource>(
     objects: &S,
 ) -> Result<Reviewed, BadReview> {
     let request = parse_request(value)?;
-    let mut summary = summarize(&request);
-    let verdict = decide(route, &request, objects).await;
-    let response = respond(&request.req, verdict, &mut summary);
-    Ok(Reviewed {
-        review: review_json(response),
-        summary,
-    })
+    Ok(answer(route, &request, objects).await)
 }
 
-/// The response review as JSON, with `patch` as the base64 string the API expects (a Go
-/// `[]byte`); kube-core serializes the bytes as a JSON array of numbers.
-fn review_json(response: AdmissionResponse) -> Value {
-    use base64::Engine as _;
-    let mut response = response;
-    // Emptied before serializing: as a JSON array of numbers, a 2 KiB patch would become 2,000
-    // Values built only to be thrown away. The empty array keeps `patch` in its place.
-    let patch = response.patch.as_mut().map(|bytes| {
-        let encoded = base64::engine::general_purpose::STANDARD.encode(&bytes);
-        bytes.clear();
-        encoded
-    });
-    // Serializing kube-core's response types cannot fail: every map in them has string keys.
-    let mut review = serde_json::to_value(response.into_review()).unwrap_or(Value::Null);
-    if let (Some(patch), Some(slot)) = (patch, review.pointer_mut("/response/patch")) {
-        *slot = Value::String(patch);
+async fn answer<S: ObjectSource>(route: Route, request: &Request<'_>, objects: &S) -> Reviewed {
+    let mut summary = summarize(request);
+    let verdict = decide(route, request, objects).await;
+    let response = respond(&request.req, verdict, &mut summary);
+    Reviewed {
+        body: review_bytes(&response),
+        summary,
     }
-    review
+}
+
+/// The last-resort answer when a response cannot be written: a denial.
+const FAIL_CLOSED_REVIEW: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#;
+
+/// `bytes` in base64 as a JSON string. Built as raw JSON: base64 has nothing to escape, and
+/// serializing it as a string would scan every character for escapes (a mutation's patch is
+/// several KiB).
+fn base64_json_string(bytes: &[u8]) -> Option<Box<RawValue>> {
+    use base64::Engine as _;
+    let mut json = String::with_capacity(bytes.len().div_ceil(3) * 4 + 2);
+    json.push('"');
+    base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut json);
+    json.push('"');
+    RawValue::from_string(json).ok()
+}
+
+/// The response review as JSON bytes, written once: kube-core's response fields in kube-core's
+/// order, except `patch`, which goes out as the base64 string the API expects (a Go `[]byte`)
+/// where kube-core would write a JSON array of numbers.
+fn review_bytes(response: &AdmissionResponse) -> Vec<u8> {
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ReviewOut<'a> {
+        api_version: &'static str,
+        kind: &'static str,
+        response: ResponseOut<'a>,
+    }
+    #[derive(serde::Serialize)]
+    #[serde(rename_all = "camelCase")]
+    struct ResponseOut<'a> {
+        uid: &'a str,
+        allowed: bool,
+        status: &'a Status,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        patch: Option<Box<RawValue>>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        patch_type: Option<&'static str>,
+        #[serde(skip_serializing_if = "HashMap::is_empty")]
+        audit_annotations: &'a HashMap<String, String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        warnings: Option<&'a Vec<String>>,
+    }
+    // A patch that cannot be written must not become an allowed answer without it.
+    let patch = match response.patch.as_deref().map(base64_json_string) {
+        Some(None) => return FAIL_CLOSED_REVIEW.to_vec(),
+        patch => patch.flatten(),
+    };
+    let review = ReviewOut {
+        api_version: REVIEW_API_VERSION,
+        kind: REVIEW_KIND,
+        response: ResponseOut {
+            uid: &response.uid,
+            allowed: response.allowed,
+            status: &response.result,
+            patch,
+            // kube-core sets the type with the patch, and JSONPatch is its only type.
+            patch_type: response.patch.as_ref().map(|_| "JSONPatch"),
+            audit_annotations: &response.audit_annotations,
+            warnings: response.warnings.as_ref(),
+        },
+    };
+    // Plain strings, numbers and string-keyed maps: serializing them cannot fail.
+    serde_json::to_vec(&review).unwrap_or_else(|_| FAIL_CLOSED_REVIEW.to_vec())
 }
 
 /// The route the `review` subcommand uses for a review: by `request.kind`, as the webhook
@@ -262,7 +390,7 @@ pub fn route_for(verb: Verb, value: &Value) -> Result<Route, BadReview> {
     })
 }
 
-fn parse_request(mut value: Value) -> Result<Request, BadReview> {
+fn parse_request(mut value: Value) -> Result<Request<'static>, BadReview> {
     if !value.is_object() {
         return Err(BadReview("request body is not a JSON object".into()));
     }
@@ -274,7 +402,7 @@ fn parse_request(mut value: Value) -> Result<Request, BadReview> {
         .get("kind")
         .and_then(Value::as_str)
         .unwrap_or_default();
-    if (api_version, kind) != ("admission.k8s.io/v1", "AdmissionReview") {
+    if (api_version, kind) != (REVIEW_API_VERSION, REVIEW_KIND) {
         return Err(BadReview(format!(
             "expected apiVersion \"admission.k8s.io/v1\" and kind \"AdmissionReview\", got {api_version:?} and {kind:?}"
         )));
@@ -287,19 +415,20 @@ fn parse_request(mut value: Value) -> Result<Request, BadReview> {
     let object = request
         .get_mut("object")
         .map(Value::take)
-        .filter(|o| !o.is_null());
+        .filter(|o| !o.is_null())
+        .map(Object::Parsed);
     if let Some(old) = request.get_mut("oldObject") {
         old.take();
     }
-    let review: AdmissionReview<DynamicObject> = crate::objects::dir::from_value(&value)
-        .map_err(|e| BadReview(format!("not an AdmissionReview: {e}")))?;
+    let review: AdmissionReview<DynamicObject> =
+        from_value(&value).map_err(|e| BadReview(format!("not an AdmissionReview: {e}")))?;
     let req: AdmissionRequest<DynamicObject> = review
         .try_into()
         .map_err(|_| BadReview("AdmissionReview has no request".into()))?;
     Ok(Request { req, object })
 }
 
-fn summarize(request: &Request) -> Summary {
+fn summarize(request: &Request<'_>) -> Summary {
     let req = &request.req;
     Summary {
         uid: req.uid.clone(),
@@ -314,7 +443,7 @@ fn summarize(request: &Request) -> Summary {
     }
 }
 
-async fn decide<S: ObjectSource>(route: Route, request: &Request, objects: &S) -> Verdict {
+async fn decide<S: ObjectSource>(route: Route, request: &Request<'_>, objects: &S) -> Verdict {
     let req = &request.req;
     if !matches!(req.operation, Operation::Create | Operation::Update) {
         return Verdict::allow();
@@ -374,7 +503,9 @@ fn respond(
     };
     summary.internal_error = verdict.internal_error;
     if let Some(message) = denial {
-        return forbid(response, &message);
+        let denied = forbid(response, &message);
+        summary.denial = Some(message);
+        return denied;
     }
     summary.allowed = true;
     if verdict.patch.is_empty() {
@@ -393,6 +524,7 @@ fn respond(
         Err(e) => {
             summary.allowed = false;
             summary.internal_error = Some(format!("serializing the patch failed: {e}"));
+            summary.denial = Some(INTERNAL_ERROR_MESSAGE.to_string());
             forbid(response, INTERNAL_ERROR_MESSAGE)
         }
     }

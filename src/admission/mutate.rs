@@ -4,34 +4,91 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionRequest;
 use serde_json::Value;
+use serde_json::value::RawValue;
 
 use crate::api::TRAINER_GROUP;
-use crate::mpi::enforce::enforce_mpi_policy;
+use crate::mpi::enforce::{JobSetView, enforce_fresh, enforce_mpi_policy};
 use crate::mpi::plan::{MpiPlan, PlanError};
 use crate::mpi::validate::unsupported_implementation_detail;
 use crate::objects::ObjectSource;
 use crate::objects::dir::from_value;
 
-use super::Verdict;
 use super::validate::runtime_kind;
+use super::{Object, Verdict, projection};
 
 /// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE.
 pub(super) async fn jobset<S: ObjectSource>(
     req: &AdmissionRequest<DynamicObject>,
-    object: &Value,
+    object: &Object<'_>,
     objects: &S,
 ) -> Verdict {
-    let metadata: ObjectMeta = match object.get("metadata").map(from_value).transpose() {
+    // The fast read: raw text straight into the few typed fields the mutation reads.
+    if let Object::Raw(raw) = object
+        && let Some(view) = JobSetView::read(raw.get())
+    {
+        let plan = match plan(req, &view.metadata, objects).await {
+            Ok(Some(plan)) => plan,
+            Ok(None) => return Verdict::allow(),
+            Err(verdict) => return verdict,
+        };
+        if let Some(patch) = enforce_fresh(&plan, &view) {
+            return Verdict {
+                patch,
+                ..Verdict::default()
+            };
+        }
+        return enforce(&plan, &projected(raw));
+    }
+    let projection;
+    let jobset = match object {
+        Object::Raw(raw) => {
+            projection = projected(raw);
+            &projection
+        }
+        Object::Parsed(value) => value,
+    };
+    let metadata: ObjectMeta = match jobset.get("metadata").map(from_value).transpose() {
         Ok(m) => m.unwrap_or_default(),
         Err(e) => return Verdict::deny(format!("JobSet cannot be read: metadata.{e}")),
     };
+    match plan(req, &metadata, objects).await {
+        Ok(Some(plan)) => enforce(&plan, jobset),
+        Ok(None) => Verdict::allow(),
+        Err(verdict) => verdict,
+    }
+}
+
+/// The JobSet as the reference mutation reads it: what [`projection::JOBSET`] keeps. Raw JSON
+/// always parses; were it not to, the JobSet would read as `null` and get no patch.
+fn projected(raw: &RawValue) -> Value {
+    projection::from_slice(&projection::JOBSET, raw.get().as_bytes()).unwrap_or(Value::Null)
+}
+
+fn enforce(plan: &MpiPlan, jobset: &Value) -> Verdict {
+    match enforce_mpi_policy(plan, jobset) {
+        Ok(patch) => Verdict {
+            patch,
+            ..Verdict::default()
+        },
+        Err(e) => Verdict::deny(format!("JobSet cannot be patched: {e}")),
+    }
+}
+
+/// The MPI plan of the TrainJob that controls the JobSet with `metadata`: `Ok(None)` when no
+/// TrainJob controls it or its runtime has no MPI policy, `Err` with the verdict when the
+/// TrainJob or its runtime cannot be used.
+async fn plan<S: ObjectSource>(
+    req: &AdmissionRequest<DynamicObject>,
+    metadata: &ObjectMeta,
+    objects: &S,
+) -> Result<Option<MpiPlan>, Verdict> {
     // TrainJob mode: the controller ownerReference is a trainer.kubeflow.org TrainJob.
     let Some(owner) = metadata.owner_references.iter().flatten().find(|r| {
         r.controller == Some(true)
             && r.kind == "TrainJob"
             && r.api_version.split('/').next() == Some(TRAINER_GROUP)
     }) else {
-        return Verdict::allow();
+        return Ok(None);
     };
     let namespace = req
         .namespace
@@ -42,51 +99,45 @@ pub(super) async fn jobset<S: ObjectSource>(
     let train_job = match objects.train_job(namespace, &owner.name).await {
         Ok(Some(t)) => t,
         Ok(None) => {
-            return Verdict::deny(format!(
+            return Err(Verdict::deny(format!(
                 "{train_job_ref}, the controller owner of this JobSet, was not found; retry once it exists"
-            ));
+            )));
         }
-        Err(e) => return Verdict::internal(format!("looking up {train_job_ref}: {e}")),
+        Err(e) => {
+            return Err(Verdict::internal(format!(
+                "looking up {train_job_ref}: {e}"
+            )));
+        }
     };
     if train_job.uid() != owner.uid {
-        return Verdict::deny(format!(
+        return Err(Verdict::deny(format!(
             "{train_job_ref} has uid {:?}, but this JobSet's controller ownerReference names uid {:?}",
             train_job.uid(),
             owner.uid
-        ));
+        )));
     }
-    let kind = match runtime_kind(&train_job) {
-        Ok(kind) => kind,
-        Err(message) => return Verdict::deny(format!("{train_job_ref}: {message}")),
-    };
+    let kind = runtime_kind(&train_job)
+        .map_err(|message| Verdict::deny(format!("{train_job_ref}: {message}")))?;
     let runtime_name = &train_job.spec.runtime_ref.name;
     let runtime = match objects.runtime(kind, namespace, runtime_name).await {
         Ok(Some(r)) => r,
         Ok(None) => {
-            return Verdict::deny(format!(
+            return Err(Verdict::deny(format!(
                 "{train_job_ref} refers to {} {runtime_name:?}, which was not found",
                 kind.as_str()
-            ));
+            )));
         }
         Err(e) => {
-            return Verdict::internal(format!("looking up {} {runtime_name}: {e}", kind.as_str()));
+            return Err(Verdict::internal(format!(
+                "looking up {} {runtime_name}: {e}",
+                kind.as_str()
+            )));
         }
     };
-    let plan = match MpiPlan::new(&train_job, &runtime) {
-        Ok(Some(plan)) => plan,
-        Ok(None) => return Verdict::allow(),
-        Err(PlanError::UnsupportedImplementation(value)) => {
-            return Verdict::deny(format!(
-                "{train_job_ref}: {}",
-                unsupported_implementation_detail(kind, runtime_name, &value)
-            ));
-        }
-    };
-    match enforce_mpi_policy(&plan, object) {
-        Ok(patch) => Verdict {
-            patch,
-            ..Verdict::default()
-        },
-        Err(e) => Verdict::deny(format!("JobSet cannot be patched: {e}")),
-    }
+    MpiPlan::new(&train_job, &runtime).map_err(|e| match e {
+        PlanError::UnsupportedImplementation(value) => Verdict::deny(format!(
+            "{train_job_ref}: {}",
+            unsupported_implementation_detail(kind, runtime_name, &value)
+        )),
+    })
 }

@@ -1,16 +1,14 @@
 //! The validating routes: TrainJob against its runtime, and the runtimes themselves.
 
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, Operation};
-use serde_json::Value;
-
 use crate::api::{RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
 use crate::mpi::validate::{validate_runtime, validate_train_job};
 use crate::objects::ObjectSource;
-use crate::objects::dir::from_value;
+use crate::raw_json::RawJson;
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, Operation};
 
-use super::Verdict;
+use super::{Object, Verdict};
 
 /// Label value marking a deprecated ClusterTrainingRuntime.
 const SUPPORT_LABEL: &str = "trainer.kubeflow.org/support";
@@ -31,18 +29,14 @@ pub fn runtime_kind(train_job: &TrainJob) -> Result<RuntimeKind, String> {
 
 /// Upstream's "runtime missing" error, quirks kept (Decision 11): field `spec.RuntimeRef` for
 /// ClusterTrainingRuntime, the API server's NotFound text, the camel-cased kind.
-fn runtime_not_found(kind: RuntimeKind, name: &str, raw: &Value) -> FieldError {
+fn runtime_not_found(kind: RuntimeKind, name: &str, raw: &RawJson<'_>) -> FieldError {
     let (field, noun) = match kind {
         RuntimeKind::TrainingRuntime => ("spec.runtimeRef", "trainingRuntime"),
         RuntimeKind::ClusterTrainingRuntime => ("spec.RuntimeRef", "clusterTrainingRuntime"),
     };
     FieldError::invalid(
         field,
-        BadValue::Json(
-            raw.pointer("/spec/runtimeRef")
-                .cloned()
-                .unwrap_or(Value::Null),
-        ),
+        BadValue::Json(raw.at("/spec/runtimeRef")),
         format!(
             "{}.{TRAINER_GROUP} \"{name}\" not found: specified {noun} must be created before the TrainJob is created",
             kind.resource()
@@ -68,10 +62,10 @@ fn deprecation_warning(kind: RuntimeKind, runtime: &TrainingRuntime) -> Option<S
 /// `/validate-trainer-kubeflow-org-v1alpha1-trainjob`.
 pub(super) async fn train_job<S: ObjectSource>(
     req: &AdmissionRequest<DynamicObject>,
-    object: &Value,
+    object: &Object<'_>,
     objects: &S,
 ) -> Verdict {
-    let train_job: TrainJob = match from_value(object) {
+    let train_job: TrainJob = match object.read() {
         Ok(t) => t,
         Err(e) => return Verdict::deny(format!("TrainJob cannot be read: {e}")),
     };
@@ -84,11 +78,12 @@ pub(super) async fn train_job<S: ObjectSource>(
         .as_deref()
         .unwrap_or_else(|| train_job.namespace());
     let name = &train_job.spec.runtime_ref.name;
+    let raw = object.raw_json();
     let runtime = match objects.runtime(kind, namespace, name).await {
         Ok(Some(runtime)) => runtime,
         Ok(None) => {
             return Verdict::deny(
-                aggregate(&[runtime_not_found(kind, name, object)]).unwrap_or_default(),
+                aggregate(&[runtime_not_found(kind, name, &raw)]).unwrap_or_default(),
             );
         }
         Err(e) => {
@@ -98,7 +93,7 @@ pub(super) async fn train_job<S: ObjectSource>(
             ));
         }
     };
-    let errors = validate_train_job(&train_job, object, &runtime, kind);
+    let errors = validate_train_job(&train_job, &raw, &runtime, kind);
     Verdict {
         denial: aggregate(&errors),
         warnings: deprecation_warning(kind, &runtime).into_iter().collect(),
@@ -109,14 +104,19 @@ pub(super) async fn train_job<S: ObjectSource>(
 /// `/validate-trainer-kubeflow-org-v1alpha1-{cluster,}trainingruntime`.
 pub(super) fn runtime(
     req: &AdmissionRequest<DynamicObject>,
-    object: &Value,
+    object: &Object<'_>,
     kind: RuntimeKind,
 ) -> Verdict {
-    let runtime: TrainingRuntime = match from_value(object) {
+    let runtime: TrainingRuntime = match object.read() {
         Ok(r) => r,
         Err(e) => return Verdict::deny(format!("{} cannot be read: {e}", kind.as_str())),
     };
-    let errors = validate_runtime(&runtime, object, kind, req.operation == Operation::Update);
+    let errors = validate_runtime(
+        &runtime,
+        &object.raw_json(),
+        kind,
+        req.operation == Operation::Update,
+    );
     match aggregate(&errors) {
         Some(message) => Verdict::deny(message),
         None => Verdict::allow(),

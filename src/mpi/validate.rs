@@ -1,10 +1,9 @@
 //! Admission rules (spec section B and Decisions 4, 6, 7, 8, 10): the TrainJob checked against
 //! its runtime, and the runtimes themselves. Every message is byte for byte the upstream text.
 
-use serde_json::Value;
-
 use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, go_quote};
+use crate::raw_json::RawJson;
 
 use super::hostfile::check_hostfile_size;
 use super::implementation::{self, Implementation};
@@ -12,12 +11,6 @@ use super::plan::{MpiPlan, PlanError};
 use super::{ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE};
 
 const RUN_LAUNCHER_AS_NODE_DETAIL: &str = "must have 1 when MPI trainingRuntime with enabled runLauncherAsNode does not have either launcher and node";
-
-/// The JSON at a `/`-separated pointer of a raw object, or `null` when absent: error values show
-/// the client's own JSON (Decision 9).
-fn raw_at(raw: &Value, pointer: &str) -> Value {
-    raw.pointer(pointer).cloned().unwrap_or(Value::Null)
-}
 
 /// Why a runtime's implementation is unusable, naming the runtime and the value (Decision 4).
 pub fn unsupported_implementation_detail(kind: RuntimeKind, runtime: &str, value: &str) -> String {
@@ -38,7 +31,7 @@ pub fn unsupported_implementation_detail(kind: RuntimeKind, runtime: &str, value
 /// Returns no errors when the runtime has no MPI policy (MPI never warns).
 pub fn validate_train_job(
     train_job: &TrainJob,
-    raw: &Value,
+    raw: &RawJson<'_>,
     runtime: &TrainingRuntime,
     kind: RuntimeKind,
 ) -> Vec<FieldError> {
@@ -74,7 +67,7 @@ pub fn validate_train_job(
         Err(PlanError::UnsupportedImplementation(value)) => {
             errors.push(FieldError::invalid(
                 "spec.runtimeRef",
-                BadValue::Json(raw_at(raw, "/spec/runtimeRef")),
+                BadValue::Json(raw.at("/spec/runtimeRef")),
                 unsupported_implementation_detail(kind, runtime.name(), &value),
             ));
             return errors;
@@ -111,7 +104,7 @@ pub fn validate_train_job(
 
 fn reserved_env_error(
     train_job: &TrainJob,
-    raw: &Value,
+    raw: &RawJson<'_>,
     implementation: &Implementation,
 ) -> Option<FieldError> {
     let env = train_job.spec.trainer.as_ref()?.env.as_ref()?;
@@ -127,7 +120,7 @@ fn reserved_env_error(
     reserved.dedup();
     Some(FieldError::invalid(
         "spec.trainer.env",
-        BadValue::Json(raw_at(raw, "/spec/trainer/env")),
+        BadValue::Json(raw.at("/spec/trainer/env")),
         format!(
             "must not have reserved envs, invalid envs configured: [{}]",
             reserved.join(" ")
@@ -140,7 +133,7 @@ fn reserved_env_error(
 /// rules repeated for clusters with older CRDs (Decisions 4, 7, 10).
 pub fn validate_runtime(
     runtime: &TrainingRuntime,
-    raw: &Value,
+    raw: &RawJson<'_>,
     kind: RuntimeKind,
     is_update: bool,
 ) -> Vec<FieldError> {
@@ -187,7 +180,7 @@ fn required_container(ancestor: &str) -> Option<&'static str> {
     }
 }
 
-fn ancestor_errors(runtime: &TrainingRuntime, raw: &Value) -> Vec<FieldError> {
+fn ancestor_errors(runtime: &TrainingRuntime, raw: &RawJson<'_>) -> Vec<FieldError> {
     let mut errors = Vec::new();
     for (i, rjob) in runtime
         .spec
@@ -214,10 +207,9 @@ fn ancestor_errors(runtime: &TrainingRuntime, raw: &Value) -> Vec<FieldError> {
         if !rjob.containers().iter().any(|c| c.name == container) {
             errors.push(FieldError::invalid(
                 format!("{path}.template.spec.template.spec.containers"),
-                BadValue::Json(raw_at(
-                    raw,
-                    &format!("/spec/template/spec/replicatedJobs/{i}/template/spec/template/spec/containers"),
-                )),
+                BadValue::Json(raw.at(&format!(
+                    "/spec/template/spec/replicatedJobs/{i}/template/spec/template/spec/containers"
+                ))),
                 format!("must contain the required container for the ancestor: {ancestor}"),
             ));
         }

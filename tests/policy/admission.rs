@@ -2,7 +2,7 @@
 //! in-memory object source. Exact messages, uid echo, warnings, patches and bad input.
 
 use base64::Engine;
-use mpi_webhook::admission::{BadReview, Route, review, review_value};
+use mpi_webhook::admission::{BadReview, Route, review, review_projected, review_value};
 use mpi_webhook::api::RuntimeKind;
 use mpi_webhook::objects::Snapshot;
 use pretty_assertions::assert_eq;
@@ -48,21 +48,30 @@ async fn respond(route: Route, body: &Value, objects: &Snapshot) -> Value {
     served(route, &bytes, body.clone(), objects).await
 }
 
-/// The answer `serve` gives to `bytes` (parsed by the route's projection). It must equal the
-/// answer of the `review` command, which reads the whole document: `whole`, the same bytes
-/// parsed as JSON.
+/// The answer `serve` gives to `bytes` (the fast typed read, or the route's projection when
+/// that does not accept them). It must equal the answer of the projection alone, and of the
+/// `review` command, which reads the whole document: `whole`, the same bytes parsed as JSON.
 async fn served(route: Route, bytes: &[u8], whole: Value, objects: &Snapshot) -> Value {
     let served = review(route, bytes, objects)
+        .await
+        .expect("an AdmissionReview");
+    let projected = review_projected(route, bytes, objects)
         .await
         .expect("an AdmissionReview");
     let whole = review_value(route, whole, objects)
         .await
         .expect("an AdmissionReview");
     assert_eq!(
-        served.review, whole.review,
+        served.json(),
+        whole.json(),
+        "served and whole parse answer alike"
+    );
+    assert_eq!(
+        projected.json(),
+        whole.json(),
         "projected and whole parse answer alike"
     );
-    served.review
+    served.json()
 }
 
 /// The JobSet Trainer creates for an MPI TrainJob with `trainer`, and the object source holding

@@ -2,7 +2,7 @@
 //! other upstream MPI tests (E.3), re-expressed against the raw-JSON patch.
 
 use mpi_webhook::api::TrainingRuntime;
-use mpi_webhook::mpi::enforce::enforce_mpi_policy;
+use mpi_webhook::mpi::enforce::{JobSetView, enforce_fresh};
 use mpi_webhook::mpi::hostfile::hostfile;
 use mpi_webhook::mpi::plan::MpiPlan;
 use pretty_assertions::assert_eq;
@@ -155,7 +155,7 @@ fn exact_operations_for_a_fresh_jobset() {
         ],
     );
     let tj = train_job(json!({"numNodes": 2}));
-    let ops = enforce_mpi_policy(&plan(&rt, &tj), &jobset(&rt, &tj)).expect("patchable");
+    let ops = enforce(&plan(&rt, &tj), &jobset(&rt, &tj)).expect("patchable");
     let ops = serde_json::to_value(&ops).expect("serializes");
     let l = "/spec/replicatedJobs/0/template/spec/template/spec";
     let n = "/spec/replicatedJobs/1/template/spec/template/spec";
@@ -298,14 +298,14 @@ fn wrong_json_types_are_errors_not_panics() {
     let mut js = jobset(&rt, &tj);
     js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"] =
         json!("nope");
-    let err = enforce_mpi_policy(&plan, &js).expect_err("not a list");
+    let err = enforce(&plan, &js).expect_err("not a list");
     assert_eq!(
         err.to_string(),
         r#"spec.replicatedJobs[0].template.spec.template.spec.volumes: Invalid value: "string": must be an array"#
     );
     let mut js = jobset(&rt, &tj);
     js["spec"]["replicatedJobs"][0]["template"] = json!(7);
-    let err = enforce_mpi_policy(&plan, &js).expect_err("not an object");
+    let err = enforce(&plan, &js).expect_err("not an object");
     assert_eq!(
         err.to_string(),
         r#"spec.replicatedJobs[0].template: Invalid value: "number": must be an object"#
@@ -439,4 +439,46 @@ fn subdomain_and_replicas_shape_endpoint_names() {
         "trainjob-node-0-0.mpi slots=1\ntrainjob-node-0-1.mpi slots=1\n\
          trainjob-node-1-0.mpi slots=1\ntrainjob-node-1-1.mpi slots=1\n"
     );
+}
+
+/// `serve` mutates a JobSet as Trainer creates it on the fast path, and leaves one that already
+/// has MPI entries (a reinvocation, a second webhook pass) to the reference; [`enforce`] checks
+/// that both give the same operations wherever the fast path answers.
+#[test]
+fn fresh_jobsets_take_the_fast_path_and_wired_ones_the_reference() {
+    let rt = runtime(
+        open_mpi(Some(true)),
+        vec![
+            rjob("node", false, &["node"]),
+            rjob("launcher", true, &["node", "sidecar"]),
+        ],
+    );
+    let tj = train_job(json!({"numNodes": 3}));
+    let plan = plan(&rt, &tj);
+    let fresh = jobset(&rt, &tj);
+    let fast = |js: &Value| {
+        let text = js.to_string();
+        JobSetView::read(&text).and_then(|view| enforce_fresh(&plan, &view))
+    };
+    let ops = fast(&fresh).expect("a fresh JobSet takes the fast path");
+    assert_eq!(Ok(ops), enforce(&plan, &fresh));
+
+    let wired = mutate(&plan, &fresh);
+    assert_eq!(
+        fast(&wired),
+        None,
+        "entries already there need the reference"
+    );
+
+    let mut no_pod_spec = fresh.clone();
+    no_pod_spec["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"] = Value::Null;
+    assert_eq!(
+        fast(&no_pod_spec),
+        None,
+        "a missing level needs the reference"
+    );
+    let mut wrong_type = fresh;
+    wrong_type["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["volumes"] =
+        json!("volumes");
+    assert_eq!(fast(&wrong_type), None, "a wrong type needs the reference");
 }

@@ -1,7 +1,6 @@
 //! The reconciler's objects (spec D) as `render` builds them, on the real upstream runtimes.
 
 use mpi_webhook::api::{RuntimeKind, TrainingRuntime};
-use mpi_webhook::mpi::enforce::enforce_mpi_policy;
 use mpi_webhook::mpi::hostfile::{hostfile, hostfile_configmap};
 use mpi_webhook::mpi::plan::MpiPlan;
 use mpi_webhook::mpi::ssh_secret::{SshKeyPair, generate_key_pair, ssh_secret};
@@ -232,5 +231,5 @@ fn plan_is_none_for_non_mpi_and_ops_are_empty_for_patched() {
         .expect("ok")
         .expect("mpi");
     let patched = mutate(&plan, &jobset(&rt, &tj));
-    assert!(enforce_mpi_policy(&plan, &patched).expect("ok").is_empty());
+    assert!(enforce(&plan, &patched).expect("ok").is_empty());
 }

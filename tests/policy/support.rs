@@ -1,7 +1,8 @@
 //! Builders for runtimes, TrainJobs and JobSets shaped like the upstream fixtures.
 
+use json_patch::PatchOperation;
 use mpi_webhook::api::{TrainJob, TrainingRuntime};
-use mpi_webhook::mpi::enforce::enforce_mpi_policy;
+use mpi_webhook::mpi::enforce::{JobSetView, MutationError, enforce_fresh, enforce_mpi_policy};
 use mpi_webhook::mpi::plan::MpiPlan;
 use serde_json::{Value, json};
 
@@ -83,12 +84,29 @@ pub fn jobset(runtime: &Value, train_job: &Value) -> Value {
     })
 }
 
+/// The JobSet mutation: the reference's answer ([`enforce_mpi_policy`]), checked against the fast
+/// path's for fresh JobSets ([`enforce_fresh`], which `serve` tries first): where that answers,
+/// it must answer alike, and it must not answer where the reference fails.
+pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, MutationError> {
+    let reference = enforce_mpi_policy(plan, jobset);
+    let text = jobset.to_string();
+    let fresh = JobSetView::read(&text).and_then(|view| enforce_fresh(plan, &view));
+    if let Some(fresh) = &fresh {
+        assert_eq!(
+            Ok(fresh),
+            reference.as_ref(),
+            "the fresh path answers as the reference"
+        );
+    }
+    reference
+}
+
 /// Applies the MPI mutation and returns the patched JobSet, checking idempotence on the way.
 pub fn mutate(plan: &MpiPlan, jobset: &Value) -> Value {
-    let ops = enforce_mpi_policy(plan, jobset).expect("patchable");
+    let ops = enforce(plan, jobset).expect("patchable");
     let mut patched = jobset.clone();
     json_patch::patch(&mut patched, &ops).expect("patch applies");
-    let again = enforce_mpi_policy(plan, &patched).expect("patchable");
+    let again = enforce(plan, &patched).expect("patchable");
     assert!(
         again.is_empty(),
         "second pass must be a no-op, got {again:?}"

@@ -4,6 +4,7 @@
 use mpi_webhook::api::RuntimeKind;
 use mpi_webhook::field_error::aggregate;
 use mpi_webhook::mpi::validate::{validate_runtime, validate_train_job};
+use mpi_webhook::raw_json::RawJson;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -12,7 +13,7 @@ use super::support::*;
 fn check(rt: &Value, tj: &Value) -> Option<String> {
     let errors = validate_train_job(
         &typed_train_job(tj),
-        tj,
+        &RawJson::from(tj),
         &typed_runtime(rt),
         RuntimeKind::TrainingRuntime,
     );
@@ -20,7 +21,12 @@ fn check(rt: &Value, tj: &Value) -> Option<String> {
 }
 
 fn check_runtime(rt: &Value, kind: RuntimeKind, update: bool) -> Option<String> {
-    aggregate(&validate_runtime(&typed_runtime(rt), rt, kind, update))
+    aggregate(&validate_runtime(
+        &typed_runtime(rt),
+        &RawJson::from(rt),
+        kind,
+        update,
+    ))
 }
 
 const TOPOLOGY: &str = "must have 1 when MPI trainingRuntime with enabled runLauncherAsNode does not have either launcher and node";

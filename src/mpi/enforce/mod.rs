@@ -7,6 +7,10 @@
 //! is replaced in place, a missing one is appended. Applying the patch and mutating again yields
 //! no operations.
 
+mod fresh;
+
+pub use fresh::{JobSetView, enforce_fresh};
+
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
 use serde_json::{Value, json};
@@ -129,7 +133,7 @@ impl Patcher {
     /// working copy.
     fn emit(&mut self, replace: bool, path: &[Token], value: Value) {
         self.apply(path, &value);
-        let path = Self::pointer(path);
+        let path = pointer(path);
         self.ops.push(if replace {
             PatchOperation::Replace(ReplaceOperation { path, value })
         } else {
@@ -164,18 +168,6 @@ impl Patcher {
             }
             _ => {}
         }
-    }
-
-    fn pointer(path: &[Token]) -> PointerBuf {
-        let mut pointer = PointerBuf::new();
-        for token in path {
-            match token {
-                Token::Key(key) => pointer.push_back(*key),
-                Token::Index(i) => pointer.push_back(*i),
-                Token::End => pointer.push_back("-"),
-            }
-        }
-        pointer
     }
 
     /// Sets `path` to `value`, creating missing parent objects; no operation when equal.
@@ -238,6 +230,19 @@ impl Patcher {
     }
 }
 
+/// `path` as a JSON pointer.
+fn pointer(path: &[Token]) -> PointerBuf {
+    let mut pointer = PointerBuf::new();
+    for token in path {
+        match token {
+            Token::Key(key) => pointer.push_back(*key),
+            Token::Index(i) => pointer.push_back(*i),
+            Token::End => pointer.push_back("-"),
+        }
+    }
+    pointer
+}
+
 fn wrong_type(path: &[Token], found: Option<&Value>, expected: &'static str) -> MutationError {
     MutationError {
         field: dotted(path),
@@ -271,6 +276,21 @@ pub fn hostfile_volume(train_job: &str) -> Value {
             "items": [{"key": HOSTFILE_NAME, "path": HOSTFILE_NAME, "mode": HOSTFILE_MODE}],
         },
     })
+}
+
+/// The `mpi-ssh-auth` mount of a `node` container (C.4).
+fn ssh_auth_mount(plan: &MpiPlan) -> Value {
+    json!({"name": SSH_AUTH_VOLUME, "mountPath": plan.ssh_auth_mount_path})
+}
+
+/// The launcher's `mpi-hostfile` mount (C.4).
+fn hostfile_mount() -> Value {
+    json!({"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR})
+}
+
+/// One env var of the implementation (C.5).
+fn env_var(name: &str, value: String) -> Value {
+    json!({"name": name, "value": value})
 }
 
 /// The RFC 6902 operations that give `jobset` (raw JSON) the MPI wiring of `plan`. Empty when
@@ -352,14 +372,12 @@ fn enforce_replicated_job(
             continue;
         }
         let mounts = child(&container, &keys(["volumeMounts"]));
-        let ssh_mount = json!({"name": SSH_AUTH_VOLUME, "mountPath": plan.ssh_auth_mount_path});
-        patcher.upsert(&mounts, "mountPath", ssh_mount)?;
+        patcher.upsert(&mounts, "mountPath", ssh_auth_mount(plan))?;
         if is_launcher {
-            let hostfile_mount = json!({"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR});
-            patcher.upsert(&mounts, "mountPath", hostfile_mount)?;
+            patcher.upsert(&mounts, "mountPath", hostfile_mount())?;
             let env = child(&container, &keys(["env"]));
             for (name, value) in plan.implementation.env_pairs(plan.slots) {
-                patcher.upsert(&env, "name", json!({"name": name, "value": value}))?;
+                patcher.upsert(&env, "name", env_var(name, value))?;
             }
         }
     }
