@@ -20,6 +20,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
+use crate::mpi::enforce::{JobSetView, PatchJson};
 use crate::objects::ObjectSource;
 use crate::objects::dir::from_value;
 use crate::raw_json::RawJson;
@@ -170,8 +171,8 @@ pub(crate) struct Verdict {
     pub denial: Option<String>,
     /// Warnings for the client.
     pub warnings: Vec<String>,
-    /// JSON patch operations (mutation only).
-    pub patch: Vec<json_patch::PatchOperation>,
+    /// The JSON patch (mutation only).
+    pub patch: Option<PatchJson>,
     /// Internal failure: deny with a generic message, log this.
     pub internal_error: Option<String>,
 }
@@ -202,11 +203,12 @@ pub(crate) struct Request<'a> {
     pub object: Option<Object<'a>>,
 }
 
-/// The object under review: raw JSON text from the fast read ([`wire`]), or a value from the
-/// general path. Routes read it into their types with [`Object::read`], which gives the same
-/// result either way.
+/// The object under review: raw JSON text or a JobSet's view from the fast read ([`wire`]), or
+/// a value from the general path. Routes read it into their types with [`Object::read`], which
+/// gives the same result either way.
 pub(crate) enum Object<'a> {
     Raw(&'a RawValue),
+    JobSet(Box<JobSetView<'a>>),
     Parsed(Value),
 }
 
@@ -221,6 +223,7 @@ impl Object<'_> {
                 from_value(&value)
             }),
             Object::Parsed(value) => from_value(value),
+            Object::JobSet(_) => Err("a JobSet view is read by the mutation only".into()),
         }
     }
 
@@ -229,6 +232,7 @@ impl Object<'_> {
         match self {
             Object::Raw(raw) => RawJson::text(raw),
             Object::Parsed(value) => RawJson::from(value),
+            Object::JobSet(_) => RawJson::from(&Value::Null),
         }
     }
 }
@@ -250,16 +254,20 @@ pub async fn review<S: ObjectSource>(
     body: &[u8],
     objects: &S,
 ) -> Result<Reviewed, BadReview> {
-    match wire::read(body) {
-        Some((req, object)) => {
-            let request = Request {
-                req,
-                object: object.map(Object::Raw),
-            };
-            Ok(answer(route, &request, objects).await)
+    // The mutation reads a JobSet's few fields in the same pass as the review; the validations
+    // read their objects whole, so they get them as raw text.
+    let request = match route {
+        Route::MutateJobSet => {
+            wire::read(body).map(|(req, o)| (req, o.map(|view| Object::JobSet(Box::new(view)))))
         }
-        None => review_projected(route, body, objects).await,
+        _ => wire::read(body).map(|(req, o)| (req, o.map(Object::Raw))),
+    };
+    if let Some((req, object)) = request
+        && let Some(reviewed) = answer(route, &Request { req, object }, objects).await
+    {
+        return Ok(reviewed);
     }
+    review_projected(route, body, objects).await
 }
 
 /// [`review`] without its fast read: the review parsed through the route's [`projection`]. What
@@ -288,17 +296,29 @@ pub async fn review_value<S: ObjectSource>(
     objects: &S,
 ) -> Result<Reviewed, BadReview> {
     let request = parse_request(value)?;
-    Ok(answer(route, &request, objects).await)
+    // A parsed object never needs another read: the answer is always there.
+    Ok(answer(route, &request, objects)
+        .await
+        .unwrap_or_else(|| Reviewed {
+            body: FAIL_CLOSED_REVIEW.to_vec(),
+            summary: Summary::default(),
+        }))
 }
 
-async fn answer<S: ObjectSource>(route: Route, request: &Request<'_>, objects: &S) -> Reviewed {
+/// The answer to a request, or `None` when its object was read by the fast read into a form
+/// that cannot answer (a JobSet that is not fresh): the review is then read again, generally.
+async fn answer<S: ObjectSource>(
+    route: Route,
+    request: &Request<'_>,
+    objects: &S,
+) -> Option<Reviewed> {
     let mut summary = summarize(request);
-    let verdict = decide(route, request, objects).await;
+    let verdict = decide(route, request, objects).await?;
     let response = respond(&request.req, verdict, &mut summary);
-    Reviewed {
+    Some(Reviewed {
         body: review_bytes(&response),
         summary,
-    }
+    })
 }
 
 /// The last-resort answer when a response cannot be written: a denial.
@@ -443,35 +463,46 @@ fn summarize(request: &Request<'_>) -> Summary {
     }
 }
 
-async fn decide<S: ObjectSource>(route: Route, request: &Request<'_>, objects: &S) -> Verdict {
+/// The verdict on a request; `None` only for a fast-read JobSet that is not fresh.
+async fn decide<S: ObjectSource>(
+    route: Route,
+    request: &Request<'_>,
+    objects: &S,
+) -> Option<Verdict> {
     let req = &request.req;
     if !matches!(req.operation, Operation::Create | Operation::Update) {
-        return Verdict::allow();
+        return Some(Verdict::allow());
     }
     let (group, kind) = route.group_kind();
     if (req.kind.group.as_str(), req.kind.kind.as_str()) != (group, kind) {
-        return Verdict::deny(format!(
+        return Some(Verdict::deny(format!(
             "{} admits {kind}.{group}, not {}.{}: check the webhook configuration's rules",
             route.path(),
             req.kind.kind,
             req.kind.group
-        ));
+        )));
     }
     let Some(object) = request.object.as_ref() else {
-        return Verdict::deny(format!("request.object is missing from this {kind} review"));
+        return Some(Verdict::deny(format!(
+            "request.object is missing from this {kind} review"
+        )));
     };
     match route {
-        Route::ValidateTrainJob => validate::train_job(req, object, objects).await,
-        Route::ValidateTrainingRuntime => {
-            validate::runtime(req, object, crate::api::RuntimeKind::TrainingRuntime)
-        }
-        Route::ValidateClusterTrainingRuntime => {
-            validate::runtime(req, object, crate::api::RuntimeKind::ClusterTrainingRuntime)
-        }
+        Route::ValidateTrainJob => Some(validate::train_job(req, object, objects).await),
+        Route::ValidateTrainingRuntime => Some(validate::runtime(
+            req,
+            object,
+            crate::api::RuntimeKind::TrainingRuntime,
+        )),
+        Route::ValidateClusterTrainingRuntime => Some(validate::runtime(
+            req,
+            object,
+            crate::api::RuntimeKind::ClusterTrainingRuntime,
+        )),
         Route::MutateJobSet if req.operation == Operation::Create => {
             mutate::jobset(req, object, objects).await
         }
-        Route::MutateJobSet => Verdict::allow(),
+        Route::MutateJobSet => Some(Verdict::allow()),
     }
 }
 
@@ -508,24 +539,11 @@ fn respond(
         return denied;
     }
     summary.allowed = true;
-    if verdict.patch.is_empty() {
-        return response;
+    // An empty patch is no patch. The patch's JSON is moved in as it is; `review_bytes` writes
+    // `patchType` with it (kube-core's `with_patch` would serialize the operations again).
+    if let Some(patch) = verdict.patch.filter(|p| p.operations > 0) {
+        summary.patch_operations = patch.operations;
+        response.patch = Some(patch.json);
     }
-    // The operations are moved into the patch, not copied (the verdict is not needed after).
-    let operations = verdict.patch.len();
-    match response
-        .clone()
-        .with_patch(json_patch::Patch(verdict.patch))
-    {
-        Ok(patched) => {
-            summary.patch_operations = operations;
-            patched
-        }
-        Err(e) => {
-            summary.allowed = false;
-            summary.internal_error = Some(format!("serializing the patch failed: {e}"));
-            summary.denial = Some(INTERNAL_ERROR_MESSAGE.to_string());
-            forbid(response, INTERNAL_ERROR_MESSAGE)
-        }
-    }
+    response
 }

@@ -3,11 +3,12 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionRequest;
+use std::borrow::Cow;
+
 use serde_json::Value;
-use serde_json::value::RawValue;
 
 use crate::api::TRAINER_GROUP;
-use crate::mpi::enforce::{JobSetView, enforce_fresh, enforce_mpi_policy};
+use crate::mpi::enforce::{PatchJson, enforce_fresh, enforce_mpi_policy};
 use crate::mpi::plan::{MpiPlan, PlanError};
 use crate::mpi::validate::unsupported_implementation_detail;
 use crate::objects::ObjectSource;
@@ -16,61 +17,59 @@ use crate::objects::dir::from_value;
 use super::validate::runtime_kind;
 use super::{Object, Verdict, projection};
 
-/// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE.
+/// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE. `None` when the JobSet was read as a
+/// view and is not fresh: the review is then read again by the general path.
 pub(super) async fn jobset<S: ObjectSource>(
     req: &AdmissionRequest<DynamicObject>,
     object: &Object<'_>,
     objects: &S,
-) -> Verdict {
-    // The fast read: raw text straight into the few typed fields the mutation reads.
-    if let Object::Raw(raw) = object
-        && let Some(view) = JobSetView::read(raw.get())
-    {
-        let plan = match plan(req, &view.metadata, objects).await {
-            Ok(Some(plan)) => plan,
-            Ok(None) => return Verdict::allow(),
-            Err(verdict) => return verdict,
-        };
-        if let Some(patch) = enforce_fresh(&plan, &view) {
-            return Verdict {
-                patch,
-                ..Verdict::default()
-            };
-        }
-        return enforce(&plan, &projected(raw));
-    }
-    let projection;
+) -> Option<Verdict> {
     let jobset = match object {
-        Object::Raw(raw) => {
-            projection = projected(raw);
-            &projection
+        Object::JobSet(view) => {
+            let plan = match plan(req, &view.metadata, objects).await {
+                Ok(Some(plan)) => plan,
+                Ok(None) => return Some(Verdict::allow()),
+                Err(verdict) => return Some(verdict),
+            };
+            let patch = enforce_fresh(&plan, view)?;
+            return Some(Verdict {
+                patch: Some(patch),
+                ..Verdict::default()
+            });
         }
-        Object::Parsed(value) => value,
+        Object::Parsed(value) => Cow::Borrowed(value),
+        // Raw JSON always parses; were it not to, the JobSet would read as `null`: no patch.
+        Object::Raw(raw) => Cow::Owned(
+            projection::from_slice(&projection::JOBSET, raw.get().as_bytes())
+                .unwrap_or(Value::Null),
+        ),
     };
     let metadata: ObjectMeta = match jobset.get("metadata").map(from_value).transpose() {
         Ok(m) => m.unwrap_or_default(),
-        Err(e) => return Verdict::deny(format!("JobSet cannot be read: metadata.{e}")),
+        Err(e) => {
+            return Some(Verdict::deny(format!(
+                "JobSet cannot be read: metadata.{e}"
+            )));
+        }
     };
-    match plan(req, &metadata, objects).await {
-        Ok(Some(plan)) => enforce(&plan, jobset),
+    Some(match plan(req, &metadata, objects).await {
+        Ok(Some(plan)) => enforce(&plan, &jobset),
         Ok(None) => Verdict::allow(),
         Err(verdict) => verdict,
-    }
-}
-
-/// The JobSet as the reference mutation reads it: what [`projection::JOBSET`] keeps. Raw JSON
-/// always parses; were it not to, the JobSet would read as `null` and get no patch.
-fn projected(raw: &RawValue) -> Value {
-    projection::from_slice(&projection::JOBSET, raw.get().as_bytes()).unwrap_or(Value::Null)
+    })
 }
 
 fn enforce(plan: &MpiPlan, jobset: &Value) -> Verdict {
-    match enforce_mpi_policy(plan, jobset) {
+    let operations = match enforce_mpi_policy(plan, jobset) {
+        Ok(operations) => operations,
+        Err(e) => return Verdict::deny(format!("JobSet cannot be patched: {e}")),
+    };
+    match PatchJson::from_operations(&operations) {
         Ok(patch) => Verdict {
-            patch,
+            patch: Some(patch),
             ..Verdict::default()
         },
-        Err(e) => Verdict::deny(format!("JobSet cannot be patched: {e}")),
+        Err(e) => Verdict::internal(format!("serializing the patch failed: {e}")),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The fast read of an AdmissionReview: its bytes straight into kube's own request fields, the
-//! object kept as borrowed raw JSON text for the route to read into the type it needs.
+//! object read as borrowed raw JSON text or straight into the view its route reads. Fields no
+//! route reads (`requestKind`, `requestResource`, `options`, `oldObject`) are checked as kube
+//! checks them and not kept.
 //!
 //! No `serde_json::Value` is built, which is most of what a review used to cost (issue 6). The
 //! read is exactly as strict as kube's `AdmissionReview` on every field it accepts, and stricter
@@ -10,43 +12,44 @@
 use std::borrow::Cow;
 
 use k8s_openapi::api::authentication::v1::UserInfo;
-use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation};
 use kube::core::{GroupVersionKind, GroupVersionResource, TypeMeta};
 use serde::Deserialize;
-use serde_json::value::RawValue;
+use serde::de::IgnoredAny;
 
 use super::REVIEW_API_VERSION;
 use super::REVIEW_KIND;
 
-/// An `admission.k8s.io/v1` AdmissionReview with a request.
+/// An `admission.k8s.io/v1` AdmissionReview with a request whose object reads as `O`.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Review<'a> {
+#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
+struct Review<'a, O> {
     #[serde(borrow)]
     api_version: Cow<'a, str>,
     #[serde(borrow)]
     kind: Cow<'a, str>,
     #[serde(borrow)]
-    request: Option<Request<'a>>,
+    request: Option<Request<'a, O>>,
     /// Never sent by the apiserver in a request; read only because kube's review type reads it.
     #[allow(dead_code)]
     response: Option<AdmissionResponse>,
 }
 
-/// kube's `AdmissionRequest`, field for field, with the objects borrowed as raw text.
+/// kube's `AdmissionRequest`, field for field, with the object read as `O`.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Request<'a> {
+#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
+struct Request<'a, O> {
     uid: String,
     kind: GroupVersionKind,
     resource: GroupVersionResource,
     #[serde(default)]
     sub_resource: Option<String>,
-    #[serde(default)]
-    request_kind: Option<GroupVersionKind>,
-    #[serde(default)]
-    request_resource: Option<GroupVersionResource>,
+    #[serde(borrow, default)]
+    #[allow(dead_code)]
+    request_kind: Option<KindCheck<'a>>,
+    #[serde(borrow, default)]
+    #[allow(dead_code)]
+    request_resource: Option<ResourceCheck<'a>>,
     #[serde(default)]
     request_sub_resource: Option<String>,
     #[serde(default)]
@@ -55,28 +58,53 @@ struct Request<'a> {
     namespace: Option<String>,
     operation: Operation,
     user_info: UserInfo,
-    #[serde(borrow, default)]
-    object: Option<&'a RawValue>,
+    #[serde(default)]
+    object: Option<O>,
     /// Read (as any JSON) and dropped: no route needs the old object.
-    #[serde(borrow, default)]
+    #[serde(default)]
     #[allow(dead_code)]
-    old_object: Option<&'a RawValue>,
+    old_object: Option<IgnoredAny>,
     #[serde(default)]
     dry_run: bool,
+    /// Any JSON, as kube's `RawExtension` reads it; no route needs it.
     #[serde(default)]
-    options: Option<RawExtension>,
+    #[allow(dead_code)]
+    options: Option<IgnoredAny>,
 }
 
-/// The request of an `admission.k8s.io/v1` AdmissionReview and its object's raw JSON (`None`
-/// when absent or `null`), or `None` when the body is anything else: malformed, another kind,
-/// no request, or a shape this read does not accept.
-pub(super) fn read(
-    body: &[u8],
-) -> Option<(
-    AdmissionRequest<kube::core::DynamicObject>,
-    Option<&RawValue>,
-)> {
-    let review: Review<'_> = serde_json::from_slice(body).ok()?;
+/// A `GroupVersionKind` no route reads: checked as kube reads it (three strings), not kept.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct KindCheck<'a> {
+    #[serde(borrow)]
+    group: Cow<'a, str>,
+    #[serde(borrow)]
+    version: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
+}
+
+/// A `GroupVersionResource` no route reads: checked as kube reads it, not kept.
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct ResourceCheck<'a> {
+    #[serde(borrow)]
+    group: Cow<'a, str>,
+    #[serde(borrow)]
+    version: Cow<'a, str>,
+    #[serde(borrow)]
+    resource: Cow<'a, str>,
+    #[serde(borrow, default)]
+    api_version: Cow<'a, str>,
+}
+
+/// The request of an `admission.k8s.io/v1` AdmissionReview and its object read as `O` (raw
+/// JSON, or the view a route reads; `None` when absent or `null`), or `None` when the body is
+/// anything else: malformed, another kind, no request, or a shape this read does not accept.
+pub(super) fn read<'a, O: Deserialize<'a>>(
+    body: &'a [u8],
+) -> Option<(AdmissionRequest<kube::core::DynamicObject>, Option<O>)> {
+    let review: Review<'a, O> = serde_json::from_slice(body).ok()?;
     if (review.api_version.as_ref(), review.kind.as_ref()) != (REVIEW_API_VERSION, REVIEW_KIND) {
         return None;
     }
@@ -90,8 +118,8 @@ pub(super) fn read(
         kind: r.kind,
         resource: r.resource,
         sub_resource: r.sub_resource,
-        request_kind: r.request_kind,
-        request_resource: r.request_resource,
+        request_kind: None,
+        request_resource: None,
         request_sub_resource: r.request_sub_resource,
         name: r.name,
         namespace: r.namespace,
@@ -100,13 +128,15 @@ pub(super) fn read(
         object: None,
         old_object: None,
         dry_run: r.dry_run,
-        options: r.options,
+        options: None,
     };
     Some((request, r.object))
 }
 
 #[cfg(test)]
 mod tests {
+    use serde_json::value::RawValue;
+
     use super::*;
 
     const SAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/samples/reviews");
@@ -119,7 +149,7 @@ mod tests {
             "jobset-create-owned-by-trainjob.json",
         ] {
             let body = std::fs::read(format!("{SAMPLES}/{file}")).expect("sample exists");
-            let (request, object) = read(&body).expect(file);
+            let (request, object) = read::<&RawValue>(&body).expect(file);
             assert_eq!(request.types.api_version, REVIEW_API_VERSION);
             assert_eq!(request.operation, Operation::Create);
             assert!(object.is_some_and(|o| o.get().starts_with('{')), "{file}");
@@ -135,17 +165,19 @@ mod tests {
         };
         let ok = r#"{"uid":"u","kind":{"group":"g","version":"v","kind":"K"},"resource":{"group":"g","version":"v","resource":"ks"},"operation":"CREATE","userInfo":{},"object":null}"#;
         let body = review(ok);
-        let (request, object) = read(body.as_bytes()).expect("a minimal request");
+        let (request, object) = read::<&RawValue>(body.as_bytes()).expect("a minimal request");
         assert_eq!(request.uid, "u");
         assert!(object.is_none(), "a null object is no object");
         let duplicate = ok.replace(r#""uid":"u","#, r#""uid":"u","uid":"v","#);
-        assert!(read(review(&duplicate).as_bytes()).is_none());
+        assert!(read::<&RawValue>(review(&duplicate).as_bytes()).is_none());
         let no_user = ok.replace(r#""userInfo":{},"#, "");
-        assert!(read(review(&no_user).as_bytes()).is_none());
+        assert!(read::<&RawValue>(review(&no_user).as_bytes()).is_none());
         assert!(
-            read(br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"}"#)
-                .is_none()
+            read::<&RawValue>(
+                br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"}"#
+            )
+            .is_none()
         );
-        assert!(read(b"not json").is_none());
+        assert!(read::<&RawValue>(b"not json").is_none());
     }
 }

@@ -460,8 +460,40 @@ fn fresh_jobsets_take_the_fast_path_and_wired_ones_the_reference() {
         let text = js.to_string();
         JobSetView::read(&text).and_then(|view| enforce_fresh(&plan, &view))
     };
-    let ops = fast(&fresh).expect("a fresh JobSet takes the fast path");
-    assert_eq!(Ok(ops), enforce(&plan, &fresh));
+    let patch = fast(&fresh).expect("a fresh JobSet takes the fast path");
+    let ops = enforce(&plan, &fresh).expect("patchable");
+    assert_eq!(patch.operations, ops.len());
+    assert_eq!(
+        serde_json::from_slice::<Value>(&patch.json).expect("JSON"),
+        serde_json::to_value(&ops).expect("serializes")
+    );
+
+    // Counts compare as the reference compares JSON values: 2 is 2; 2.0 and "2" are not.
+    assert_eq!(plan.node_count, Some(2), "numNodes 3, the launcher a node");
+    let node_spec = "/spec/replicatedJobs/0/template/spec";
+    for (count, ops) in [
+        (json!(2), 0),
+        (json!(2.0), 2),
+        (json!("2"), 2),
+        (Value::Null, 2),
+    ] {
+        let mut js = fresh.clone();
+        let job_spec = js
+            .pointer_mut(node_spec)
+            .and_then(Value::as_object_mut)
+            .expect("a job spec");
+        for field in ["parallelism", "completions"] {
+            job_spec.insert(field.into(), count.clone());
+        }
+        let counted = enforce(&plan, &js)
+            .expect("patchable")
+            .iter()
+            .filter(|op| op.path().to_string().starts_with(&format!("{node_spec}/")))
+            .filter(|op| !op.path().to_string().contains("/template/spec/template"))
+            .count();
+        assert_eq!(counted, ops, "count {count}");
+        assert!(fast(&js).is_some(), "count {count} takes the fast path");
+    }
 
     let wired = mutate(&plan, &fresh);
     assert_eq!(

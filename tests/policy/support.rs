@@ -2,7 +2,9 @@
 
 use json_patch::PatchOperation;
 use mpi_webhook::api::{TrainJob, TrainingRuntime};
-use mpi_webhook::mpi::enforce::{JobSetView, MutationError, enforce_fresh, enforce_mpi_policy};
+use mpi_webhook::mpi::enforce::{
+    JobSetView, MutationError, PatchJson, enforce_fresh, enforce_mpi_policy,
+};
 use mpi_webhook::mpi::plan::MpiPlan;
 use serde_json::{Value, json};
 
@@ -90,13 +92,17 @@ pub fn jobset(runtime: &Value, train_job: &Value) -> Value {
 pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, MutationError> {
     let reference = enforce_mpi_policy(plan, jobset);
     let text = jobset.to_string();
-    let fresh = JobSetView::read(&text).and_then(|view| enforce_fresh(plan, &view));
-    if let Some(fresh) = &fresh {
+    if let Some(fresh) = JobSetView::read(&text).and_then(|view| enforce_fresh(plan, &view)) {
+        let ops = reference
+            .as_ref()
+            .expect("the fresh path answers only what the reference can");
+        let expected = PatchJson::from_operations(ops).expect("serializes");
         assert_eq!(
-            Ok(fresh),
-            reference.as_ref(),
-            "the fresh path answers as the reference"
+            String::from_utf8_lossy(&fresh.json),
+            String::from_utf8_lossy(&expected.json),
+            "the fresh path writes the reference's patch, byte for byte"
         );
+        assert_eq!(fresh.operations, expected.operations);
     }
     reference
 }

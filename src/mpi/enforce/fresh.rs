@@ -15,17 +15,15 @@
 
 use std::borrow::Cow;
 
-use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
+use json_patch::PatchOperation;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::Deserialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::super::plan::MpiPlan;
 use super::super::{LAUNCHER, NODE};
-use super::{
-    Path, Token, child, env_var, hostfile_mount, hostfile_volume, keys, pointer, ssh_auth_mount,
-    ssh_auth_volume,
-};
+use super::items::{EnvVar, HostfileVolume, Mount, SshAuthVolume};
+use super::{Path, Token, child, keys};
 
 /// What the mutation reads of a JobSet. Unknown members are skipped unread; a member of another
 /// JSON type than declared fails the read.
@@ -90,7 +88,7 @@ struct Container<'a> {
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    volume_mounts: Option<Vec<Mount<'a>>>,
+    volume_mounts: Option<Vec<MountView<'a>>>,
     #[serde(borrow, default)]
     env: Option<Vec<Named<'a>>>,
 }
@@ -105,7 +103,7 @@ struct Named<'a> {
 /// A volume mount: only its mountPath is compared.
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
-struct Mount<'a> {
+struct MountView<'a> {
     #[serde(borrow, default)]
     mount_path: Option<Cow<'a, str>>,
 }
@@ -117,30 +115,128 @@ impl<'a> JobSetView<'a> {
     }
 }
 
-/// The operations of [`super::enforce_mpi_policy`] for a fresh JobSet, or `None` when the JobSet
-/// is not fresh (the reference then decides).
-pub fn enforce_fresh(plan: &MpiPlan, jobset: &JobSetView<'_>) -> Option<Vec<PatchOperation>> {
-    let mut ops = Vec::new();
-    let Some(rjobs) = jobset
+/// A JSON Patch (RFC 6902) as the bytes of its JSON array.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchJson {
+    /// The JSON array of operations.
+    pub json: Vec<u8>,
+    /// How many operations it holds.
+    pub operations: usize,
+}
+
+impl PatchJson {
+    /// `operations` written as JSON: the bytes kube-core's `with_patch` would send.
+    ///
+    /// # Errors
+    /// serde_json's error, were an operation's value not serializable (a map with non-string
+    /// keys, which a parsed JSON value cannot hold).
+    pub fn from_operations(operations: &[PatchOperation]) -> serde_json::Result<Self> {
+        Ok(Self {
+            json: serde_json::to_vec(operations)?,
+            operations: operations.len(),
+        })
+    }
+}
+
+/// Operations written straight to JSON as they are found, in the layout `serde_json` gives a
+/// `json_patch::PatchOperation` (`op`, `path`, `value`), so both paths send the same bytes.
+struct PatchWriter {
+    json: Vec<u8>,
+    operations: usize,
+}
+
+impl PatchWriter {
+    fn new() -> Self {
+        Self {
+            json: Vec::with_capacity(4096),
+            operations: 0,
+        }
+    }
+
+    /// Writes one operation; `None` if its value cannot be serialized (it always can).
+    fn push(&mut self, op: &'static str, path: &[Token], value: &impl Serialize) -> Option<()> {
+        #[derive(Serialize)]
+        struct Operation<'a, V> {
+            op: &'static str,
+            path: JsonPointer<'a>,
+            value: &'a V,
+        }
+        self.json
+            .push(if self.operations == 0 { b'[' } else { b',' });
+        let operation = Operation {
+            op,
+            path: JsonPointer(path),
+            value,
+        };
+        serde_json::to_writer(&mut self.json, &operation).ok()?;
+        self.operations += 1;
+        Some(())
+    }
+
+    fn finish(mut self) -> PatchJson {
+        if self.operations == 0 {
+            self.json.push(b'[');
+        }
+        self.json.push(b']');
+        PatchJson {
+            json: self.json,
+            operations: self.operations,
+        }
+    }
+}
+
+/// A path written as an RFC 6901 JSON pointer.
+struct JsonPointer<'a>(&'a [Token]);
+
+impl Serialize for JsonPointer<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // Built by hand into one string: through `fmt`, a path cost more than its operation.
+        let mut pointer = String::with_capacity(128);
+        for token in self.0 {
+            pointer.push('/');
+            match token {
+                Token::Key(key) if key.contains(['~', '/']) => {
+                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
+                }
+                Token::Key(key) => pointer.push_str(key),
+                Token::Index(i) => push_decimal(&mut pointer, *i),
+                Token::End => pointer.push('-'),
+            }
+        }
+        serializer.serialize_str(&pointer)
+    }
+}
+
+/// Appends `n` in decimal.
+fn push_decimal(out: &mut String, n: usize) {
+    if n >= 10 {
+        push_decimal(out, n / 10);
+    }
+    // `n % 10` is a single digit.
+    out.push(char::from(b'0' + (n % 10) as u8));
+}
+
+/// The patch of [`super::enforce_mpi_policy`] for a fresh JobSet, or `None` when the JobSet is
+/// not fresh (the reference then decides).
+pub fn enforce_fresh(plan: &MpiPlan, jobset: &JobSetView<'_>) -> Option<PatchJson> {
+    let mut patch = PatchWriter::new();
+    let rjobs = jobset
         .spec
         .as_ref()
-        .and_then(|s| s.replicated_jobs.as_ref())
-    else {
-        return Some(ops);
-    };
-    for (i, rjob) in rjobs.iter().enumerate() {
+        .and_then(|s| s.replicated_jobs.as_ref());
+    for (i, rjob) in rjobs.into_iter().flatten().enumerate() {
         let name = rjob.name.as_deref().unwrap_or_default();
         if name != LAUNCHER && name != NODE {
             continue;
         }
         let rjob_path = child(&keys(["spec", "replicatedJobs"]), &[Token::Index(i)]);
-        fresh_replicated_job(&mut ops, plan, rjob, &rjob_path, name == LAUNCHER)?;
+        fresh_replicated_job(&mut patch, plan, rjob, &rjob_path, name == LAUNCHER)?;
     }
-    Some(ops)
+    Some(patch.finish())
 }
 
 fn fresh_replicated_job(
-    ops: &mut Vec<PatchOperation>,
+    patch: &mut PatchWriter,
     plan: &MpiPlan,
     rjob: &ReplicatedJob<'_>,
     rjob_path: &[Token],
@@ -152,28 +248,30 @@ fn fresh_replicated_job(
     // C.1: the worker count, only when the TrainJob sets numNodes.
     if let (false, Some(count)) = (is_launcher, plan.node_count) {
         set_count(
-            ops,
+            patch,
             &job_spec,
             "parallelism",
             job.parallelism.as_ref(),
             count,
-        );
+        )?;
         set_count(
-            ops,
+            patch,
             &job_spec,
             "completions",
             job.completions.as_ref(),
             count,
-        );
+        )?;
     }
     // C.3: volumes, by name.
     let pod_spec = child(&job_spec, &keys(["template", "spec"]));
-    let mut volumes = List::new(&pod_spec, "volumes", "name", pod.volumes.as_deref(), |v| {
+    let mut volumes = List::new(&pod_spec, "volumes", pod.volumes.as_deref(), |v| {
         v.name.as_deref()
     });
-    volumes.append(ops, ssh_auth_volume(&plan.train_job))?;
+    let ssh_auth = SshAuthVolume::new(&plan.train_job);
+    volumes.append(patch, ssh_auth.name(), &ssh_auth)?;
     if is_launcher {
-        volumes.append(ops, hostfile_volume(&plan.train_job))?;
+        let hostfile = HostfileVolume::new(&plan.train_job);
+        volumes.append(patch, hostfile.name(), &hostfile)?;
     }
     // C.4 and C.5: mounts by mountPath and env by name, on containers named `node` only.
     let containers = child(&pod_spec, &keys(["containers"]));
@@ -185,22 +283,19 @@ fn fresh_replicated_job(
         let mut mounts = List::new(
             &container_path,
             "volumeMounts",
-            "mountPath",
             container.volume_mounts.as_deref(),
             |m| m.mount_path.as_deref(),
         );
-        mounts.append(ops, ssh_auth_mount(plan))?;
+        let ssh_auth = Mount::ssh_auth(plan);
+        mounts.append(patch, ssh_auth.mount_path, &ssh_auth)?;
         if is_launcher {
-            mounts.append(ops, hostfile_mount())?;
-            let mut env = List::new(
-                &container_path,
-                "env",
-                "name",
-                container.env.as_deref(),
-                |e| e.name.as_deref(),
-            );
+            let hostfile = Mount::hostfile();
+            mounts.append(patch, hostfile.mount_path, &hostfile)?;
+            let mut env = List::new(&container_path, "env", container.env.as_deref(), |e| {
+                e.name.as_deref()
+            });
             for (name, value) in plan.implementation.env_pairs(plan.slots) {
-                env.append(ops, env_var(name, value))?;
+                env.append(patch, name, &EnvVar { name, value })?;
             }
         }
     }
@@ -209,18 +304,18 @@ fn fresh_replicated_job(
 
 /// Sets parallelism or completions: `add` when absent or null, `replace` when different.
 fn set_count(
-    ops: &mut Vec<PatchOperation>,
+    patch: &mut PatchWriter,
     job_spec: &[Token],
     field: &'static str,
     current: Option<&Value>,
     count: i64,
-) {
-    let value = json!(count);
-    let path = pointer(&child(job_spec, &[Token::Key(field)]));
+) -> Option<()> {
+    let path = child(job_spec, &[Token::Key(field)]);
     match current {
-        None => ops.push(PatchOperation::Add(AddOperation { path, value })),
-        Some(current) if *current == value => {}
-        Some(_) => ops.push(PatchOperation::Replace(ReplaceOperation { path, value })),
+        None => patch.push("add", &path, &count),
+        // `Value` equality with the count: the same integer (a float or a string is not).
+        Some(current) if current.as_i64() == Some(count) => Some(()),
+        Some(_) => patch.push("replace", &path, &count),
     }
 }
 
@@ -228,51 +323,44 @@ fn set_count(
 /// appended so far), and whether it exists yet.
 struct List<'k> {
     path: Path,
-    key: &'static str,
-    keys: Vec<Cow<'k, str>>,
+    keys: Vec<&'k str>,
     exists: bool,
 }
 
 impl<'k> List<'k> {
-    /// The list `field` of the object at `parent`, whose entries are matched on `key`. An entry
+    /// The list `field` of the object at `parent`, its entries keyed by `key_of`. An entry
     /// without a key (or with a null one) matches no item, as in the reference.
     fn new<T>(
         parent: &[Token],
         field: &'static str,
-        key: &'static str,
         entries: Option<&'k [T]>,
         key_of: impl Fn(&'k T) -> Option<&'k str>,
     ) -> Self {
         Self {
             path: child(parent, &[Token::Key(field)]),
-            key,
-            keys: entries
-                .into_iter()
-                .flatten()
-                .filter_map(|e| key_of(e).map(Cow::Borrowed))
-                .collect(),
+            keys: entries.into_iter().flatten().filter_map(key_of).collect(),
             exists: entries.is_some(),
         }
     }
 
-    /// Appends `item`: adds the list when it does not exist, else adds at its end. `None` when
-    /// an entry with the same key is already there: that needs the reference's comparison.
-    fn append(&mut self, ops: &mut Vec<PatchOperation>, item: Value) -> Option<()> {
-        let key = item.get(self.key)?.as_str()?.to_string();
-        if self.keys.iter().any(|k| *k == key) {
+    /// Appends `item`, keyed `key`: adds the list when it does not exist, else adds at its end.
+    /// `None` when an entry with that key is already there: that needs the reference's
+    /// comparison.
+    fn append(
+        &mut self,
+        patch: &mut PatchWriter,
+        key: &'k str,
+        item: &impl Serialize,
+    ) -> Option<()> {
+        if self.keys.contains(&key) {
             return None;
         }
-        self.keys.push(Cow::Owned(key));
-        let (path, value) = if self.exists {
-            (child(&self.path, &[Token::End]), item)
+        self.keys.push(key);
+        if self.exists {
+            patch.push("add", &child(&self.path, &[Token::End]), item)
         } else {
             self.exists = true;
-            (self.path.clone(), Value::Array(vec![item]))
-        };
-        ops.push(PatchOperation::Add(AddOperation {
-            path: pointer(&path),
-            value,
-        }));
-        Some(())
+            patch.push("add", &self.path, &[item])
+        }
     }
 }

@@ -8,20 +8,18 @@
 //! no operations.
 
 mod fresh;
+mod items;
 
-pub use fresh::{JobSetView, enforce_fresh};
+pub use fresh::{JobSetView, PatchJson, enforce_fresh};
+
+use items::{EnvVar, HostfileVolume, Mount, SshAuthVolume, to_value};
 
 use json_patch::jsonptr::PointerBuf;
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
 use serde_json::{Value, json};
 
 use super::plan::MpiPlan;
-use super::{
-    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_VOLUME, LAUNCHER, NODE,
-    SSH_AUTH_DEFAULT_MODE, SSH_AUTH_VOLUME, SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY,
-    SSH_PRIVATE_KEY_FILE, SSH_PRIVATE_KEY_FILE_MODE, SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_FILE,
-    SSH_PUBLIC_KEY_FILE_MODE, hostfile_configmap_name, ssh_secret_name,
-};
+use super::{LAUNCHER, NODE};
 
 /// The JobSet has a value of the wrong JSON type where the policy must write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -251,48 +249,6 @@ fn wrong_type(path: &[Token], found: Option<&Value>, expected: &'static str) -> 
     }
 }
 
-/// The `mpi-ssh-auth` Secret volume (C.3).
-pub fn ssh_auth_volume(train_job: &str) -> Value {
-    json!({
-        "name": SSH_AUTH_VOLUME,
-        "secret": {
-            "secretName": ssh_secret_name(train_job),
-            "defaultMode": SSH_AUTH_DEFAULT_MODE,
-            "items": [
-                {"key": SSH_PRIVATE_KEY, "path": SSH_PRIVATE_KEY_FILE, "mode": SSH_PRIVATE_KEY_FILE_MODE},
-                {"key": SSH_PUBLIC_KEY, "path": SSH_PUBLIC_KEY_FILE, "mode": SSH_PUBLIC_KEY_FILE_MODE},
-                {"key": SSH_PUBLIC_KEY, "path": SSH_AUTHORIZED_KEYS_FILE, "mode": SSH_PUBLIC_KEY_FILE_MODE},
-            ],
-        },
-    })
-}
-
-/// The launcher's `mpi-hostfile` ConfigMap volume (C.3).
-pub fn hostfile_volume(train_job: &str) -> Value {
-    json!({
-        "name": HOSTFILE_VOLUME,
-        "configMap": {
-            "name": hostfile_configmap_name(train_job),
-            "items": [{"key": HOSTFILE_NAME, "path": HOSTFILE_NAME, "mode": HOSTFILE_MODE}],
-        },
-    })
-}
-
-/// The `mpi-ssh-auth` mount of a `node` container (C.4).
-fn ssh_auth_mount(plan: &MpiPlan) -> Value {
-    json!({"name": SSH_AUTH_VOLUME, "mountPath": plan.ssh_auth_mount_path})
-}
-
-/// The launcher's `mpi-hostfile` mount (C.4).
-fn hostfile_mount() -> Value {
-    json!({"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR})
-}
-
-/// One env var of the implementation (C.5).
-fn env_var(name: &str, value: String) -> Value {
-    json!({"name": name, "value": value})
-}
-
 /// The RFC 6902 operations that give `jobset` (raw JSON) the MPI wiring of `plan`. Empty when
 /// the JobSet already has it.
 ///
@@ -351,9 +307,17 @@ fn enforce_replicated_job(
     // C.3: volumes, by name.
     let pod_spec = child(rjob_path, &keys(["template", "spec", "template", "spec"]));
     let volumes = child(&pod_spec, &keys(["volumes"]));
-    patcher.upsert(&volumes, "name", ssh_auth_volume(&plan.train_job))?;
+    patcher.upsert(
+        &volumes,
+        "name",
+        to_value(&SshAuthVolume::new(&plan.train_job)),
+    )?;
     if is_launcher {
-        patcher.upsert(&volumes, "name", hostfile_volume(&plan.train_job))?;
+        patcher.upsert(
+            &volumes,
+            "name",
+            to_value(&HostfileVolume::new(&plan.train_job)),
+        )?;
     }
     // C.4 and C.5: mounts by mountPath and env by name, on containers named `node` only.
     let containers = child(&pod_spec, &keys(["containers"]));
@@ -372,12 +336,12 @@ fn enforce_replicated_job(
             continue;
         }
         let mounts = child(&container, &keys(["volumeMounts"]));
-        patcher.upsert(&mounts, "mountPath", ssh_auth_mount(plan))?;
+        patcher.upsert(&mounts, "mountPath", to_value(&Mount::ssh_auth(plan)))?;
         if is_launcher {
-            patcher.upsert(&mounts, "mountPath", hostfile_mount())?;
+            patcher.upsert(&mounts, "mountPath", to_value(&Mount::hostfile()))?;
             let env = child(&container, &keys(["env"]));
             for (name, value) in plan.implementation.env_pairs(plan.slots) {
-                patcher.upsert(&env, "name", env_var(name, value))?;
+                patcher.upsert(&env, "name", to_value(&EnvVar { name, value }))?;
             }
         }
     }

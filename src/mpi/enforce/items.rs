@@ -1,0 +1,152 @@
+//! The entries the policy writes into a JobSet (C.3 to C.5), defined once as serializable types.
+//!
+//! The reference mutation turns them into `Value`s (it compares them with the user's entries and
+//! applies them to its working copy); the fresh path serializes them straight into the patch.
+//! Members are declared in the order they are written, the order of the spec.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use super::super::plan::MpiPlan;
+use super::super::{
+    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_VOLUME, SSH_AUTH_DEFAULT_MODE,
+    SSH_AUTH_VOLUME, SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY, SSH_PRIVATE_KEY_FILE,
+    SSH_PRIVATE_KEY_FILE_MODE, SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE,
+    hostfile_configmap_name, ssh_secret_name,
+};
+
+/// A `KeyToPath` of a Secret or ConfigMap volume.
+#[derive(Debug, Serialize)]
+pub struct KeyToPath {
+    key: &'static str,
+    path: &'static str,
+    mode: i32,
+}
+
+/// The `mpi-ssh-auth` Secret volume (C.3).
+#[derive(Debug, Serialize)]
+pub struct SshAuthVolume {
+    name: &'static str,
+    secret: SecretSource,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SecretSource {
+    secret_name: String,
+    default_mode: i32,
+    items: [KeyToPath; 3],
+}
+
+/// The launcher's `mpi-hostfile` ConfigMap volume (C.3).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostfileVolume {
+    name: &'static str,
+    config_map: ConfigMapSource,
+}
+
+#[derive(Debug, Serialize)]
+struct ConfigMapSource {
+    name: String,
+    items: [KeyToPath; 1],
+}
+
+/// A volume mount of a `node` container (C.4).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount<'a> {
+    /// The volume.
+    pub name: &'static str,
+    /// Where it is mounted: the key mounts are upserted by.
+    pub mount_path: &'a str,
+}
+
+/// An env var of the implementation on the launcher's `node` container (C.5).
+#[derive(Debug, Serialize)]
+pub struct EnvVar {
+    /// The key env vars are upserted by.
+    pub name: &'static str,
+    /// Its value.
+    pub value: String,
+}
+
+impl SshAuthVolume {
+    /// The volume of TrainJob `train_job`'s SSH Secret.
+    pub fn new(train_job: &str) -> Self {
+        Self {
+            name: SSH_AUTH_VOLUME,
+            secret: SecretSource {
+                secret_name: ssh_secret_name(train_job),
+                default_mode: SSH_AUTH_DEFAULT_MODE,
+                items: [
+                    KeyToPath {
+                        key: SSH_PRIVATE_KEY,
+                        path: SSH_PRIVATE_KEY_FILE,
+                        mode: SSH_PRIVATE_KEY_FILE_MODE,
+                    },
+                    KeyToPath {
+                        key: SSH_PUBLIC_KEY,
+                        path: SSH_PUBLIC_KEY_FILE,
+                        mode: SSH_PUBLIC_KEY_FILE_MODE,
+                    },
+                    KeyToPath {
+                        key: SSH_PUBLIC_KEY,
+                        path: SSH_AUTHORIZED_KEYS_FILE,
+                        mode: SSH_PUBLIC_KEY_FILE_MODE,
+                    },
+                ],
+            },
+        }
+    }
+
+    /// Its name, the key volumes are upserted by.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl HostfileVolume {
+    /// The volume of TrainJob `train_job`'s hostfile ConfigMap.
+    pub fn new(train_job: &str) -> Self {
+        Self {
+            name: HOSTFILE_VOLUME,
+            config_map: ConfigMapSource {
+                name: hostfile_configmap_name(train_job),
+                items: [KeyToPath {
+                    key: HOSTFILE_NAME,
+                    path: HOSTFILE_NAME,
+                    mode: HOSTFILE_MODE,
+                }],
+            },
+        }
+    }
+
+    /// Its name, the key volumes are upserted by.
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+}
+
+impl<'a> Mount<'a> {
+    /// The SSH Secret's mount, where the plan puts it.
+    pub fn ssh_auth(plan: &'a MpiPlan) -> Self {
+        Self {
+            name: SSH_AUTH_VOLUME,
+            mount_path: &plan.ssh_auth_mount_path,
+        }
+    }
+
+    /// The hostfile's mount on the launcher.
+    pub fn hostfile() -> Self {
+        Self {
+            name: HOSTFILE_VOLUME,
+            mount_path: HOSTFILE_DIR,
+        }
+    }
+}
+
+/// An item as a JSON value. These types have string keys only, so serializing cannot fail.
+pub fn to_value(item: &impl Serialize) -> Value {
+    serde_json::to_value(item).unwrap_or_default()
+}
