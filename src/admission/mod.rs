@@ -136,7 +136,7 @@ pub struct Summary {
     /// Object name (may be empty on CREATE with generateName).
     pub name: String,
     /// CREATE, UPDATE, ...
-    pub operation: String,
+    pub operation: &'static str,
     /// The verdict.
     pub allowed: bool,
     /// Number of JSON patch operations returned.
@@ -381,8 +381,14 @@ fn review_bytes(response: &AdmissionResponse) -> Vec<u8> {
             warnings: response.warnings.as_ref(),
         },
     };
+    // Sized for the patch, so a mutation's few KiB are not copied while the buffer grows.
+    let mut body =
+        Vec::with_capacity(512 + review.response.patch.as_ref().map_or(0, |p| p.get().len()));
     // Plain strings, numbers and string-keyed maps: serializing them cannot fail.
-    serde_json::to_vec(&review).unwrap_or_else(|_| FAIL_CLOSED_REVIEW.to_vec())
+    match serde_json::to_writer(&mut body, &review) {
+        Ok(()) => body,
+        Err(_) => FAIL_CLOSED_REVIEW.to_vec(),
+    }
 }
 
 /// The route the `review` subcommand uses for a review: by `request.kind`, as the webhook
@@ -458,7 +464,12 @@ fn summarize(request: &Request<'_>) -> Summary {
         ),
         namespace: req.namespace.clone().unwrap_or_default(),
         name: req.name.clone(),
-        operation: format!("{:?}", req.operation).to_uppercase(),
+        operation: match req.operation {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        },
         ..Summary::default()
     }
 }
