@@ -2,6 +2,12 @@
 //! the policy and turns the verdict into an `admission.k8s.io/v1` response (denials as 403
 //! Forbidden, patches as JSONPatch). Shared by `serve` and the offline `review` command.
 //!
+//! Two reads, one answer. `serve` reads a review the fast way (`wire.rs`: typed fields straight
+//! from the bytes, a JobSet as the small view its mutation needs) and, for anything that read
+//! does not accept or cannot answer, the general way ([`projection`] into a `serde_json::Value`,
+//! the reference). The `review` command reads the whole document. Tests hold all three to the
+//! same bytes.
+//!
 //! Pure apart from the lookups in the given [`ObjectSource`].
 
 mod mutate;
@@ -203,7 +209,7 @@ pub(crate) struct Request<'a> {
     pub object: Option<Object<'a>>,
 }
 
-/// The object under review: raw JSON text or a JobSet's view from the fast read ([`wire`]), or
+/// The object under review: raw JSON text or a JobSet's view from the fast read (`wire.rs`), or
 /// a value from the general path. Routes read it into their types with [`Object::read`], which
 /// gives the same result either way.
 pub(crate) enum Object<'a> {
@@ -244,7 +250,7 @@ const REVIEW_KIND: &str = "AdmissionReview";
 
 /// Answers one AdmissionReview (JSON bytes) on `route`.
 ///
-/// The review is read by a fast, typed read ([`wire`]) when it can be, else by the route's
+/// The review is read by a fast, typed read (`wire.rs`) when it can be, else by the route's
 /// projection ([`review_projected`]); both give the answer [`review_value`] gives.
 ///
 /// # Errors

@@ -1,8 +1,9 @@
-//! Parses an AdmissionReview keeping only what the policy reads.
+//! Parses an AdmissionReview keeping only what the policy reads: the general read `serve` falls
+//! back to when its fast read (`wire.rs`) does not accept a review or cannot answer it.
 //!
 //! A JobSet review is mostly pod templates the mutation never looks at (images, commands,
 //! resources, probes, ...). Building a `serde_json::Value` of all of it, a hashed map per object
-//! and a `String` per key, was the largest cost of a mutation (issue 6); this parser skips what a
+//! and a `String` per key, would cost more than the mutation (issue 6); this parser skips what a
 //! [`Shape`] does not keep, so the tree it builds is small and so is the mutation's working copy.
 //!
 //! Correctness rests on one rule: the projected document has *exactly* the original's value at

@@ -6,6 +6,11 @@
 //! and env by `name`, mounts by `mountPath`): an equal entry yields no operation, a different one
 //! is replaced in place, a missing one is appended. Applying the patch and mutating again yields
 //! no operations.
+//!
+//! [`enforce_mpi_policy`] is the reference, on a `serde_json::Value`. `serve` first tries
+//! [`enforce_fresh`], which answers the common case (a JobSet as Trainer creates it, nothing of
+//! the policy's there yet) from a small borrowed view, writing the same patch bytes without a
+//! working copy; the entries both write are defined once, in `items.rs`.
 
 mod fresh;
 mod items;
