@@ -143,6 +143,8 @@ impl PatchJson {
 struct PatchWriter {
     json: Vec<u8>,
     operations: usize,
+    /// The pointer of the operation being written, reused from one operation to the next.
+    pointer: String,
 }
 
 impl PatchWriter {
@@ -150,22 +152,34 @@ impl PatchWriter {
         Self {
             json: Vec::with_capacity(4096),
             operations: 0,
+            pointer: String::with_capacity(128),
         }
     }
 
-    /// Writes one operation; `None` if its value cannot be serialized (it always can).
-    fn push(&mut self, op: &'static str, path: &[Token], value: &impl Serialize) -> Option<()> {
+    /// Writes one operation at `path` followed by `tail`; `None` if its value cannot be
+    /// serialized (it always can).
+    fn push(
+        &mut self,
+        op: &'static str,
+        path: &[Token],
+        tail: &[Token],
+        value: &impl Serialize,
+    ) -> Option<()> {
         #[derive(Serialize)]
         struct Operation<'a, V> {
             op: &'static str,
-            path: JsonPointer<'a>,
+            path: &'a str,
             value: &'a V,
+        }
+        self.pointer.clear();
+        for token in path.iter().chain(tail) {
+            push_pointer_token(&mut self.pointer, *token);
         }
         self.json
             .push(if self.operations == 0 { b'[' } else { b',' });
         let operation = Operation {
             op,
-            path: JsonPointer(path),
+            path: &self.pointer,
             value,
         };
         serde_json::to_writer(&mut self.json, &operation).ok()?;
@@ -185,25 +199,17 @@ impl PatchWriter {
     }
 }
 
-/// A path written as an RFC 6901 JSON pointer.
-struct JsonPointer<'a>(&'a [Token]);
-
-impl Serialize for JsonPointer<'_> {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        // Built by hand into one string: through `fmt`, a path cost more than its operation.
-        let mut pointer = String::with_capacity(128);
-        for token in self.0 {
-            pointer.push('/');
-            match token {
-                Token::Key(key) if key.contains(['~', '/']) => {
-                    pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
-                }
-                Token::Key(key) => pointer.push_str(key),
-                Token::Index(i) => push_decimal(&mut pointer, *i),
-                Token::End => pointer.push('-'),
-            }
+/// Appends one RFC 6901 reference token, with its `/`. Built by hand: through `fmt`, a path
+/// cost more than its operation.
+fn push_pointer_token(pointer: &mut String, token: Token) {
+    pointer.push('/');
+    match token {
+        Token::Key(key) if key.contains(['~', '/']) => {
+            pointer.push_str(&key.replace('~', "~0").replace('/', "~1"));
         }
-        serializer.serialize_str(&pointer)
+        Token::Key(key) => pointer.push_str(key),
+        Token::Index(i) => push_decimal(pointer, i),
+        Token::End => pointer.push('-'),
     }
 }
 
@@ -220,6 +226,11 @@ fn push_decimal(out: &mut String, n: usize) {
 /// not fresh (the reference then decides).
 pub fn enforce_fresh(plan: &MpiPlan, jobset: &JobSetView<'_>) -> Option<PatchJson> {
     let mut patch = PatchWriter::new();
+    // Built once, written into every replicatedJob that gets them.
+    let volumes = (
+        SshAuthVolume::new(&plan.train_job),
+        HostfileVolume::new(&plan.train_job),
+    );
     let rjobs = jobset
         .spec
         .as_ref()
@@ -230,17 +241,18 @@ pub fn enforce_fresh(plan: &MpiPlan, jobset: &JobSetView<'_>) -> Option<PatchJso
             continue;
         }
         let rjob_path = child(&keys(["spec", "replicatedJobs"]), &[Token::Index(i)]);
-        fresh_replicated_job(&mut patch, plan, rjob, &rjob_path, name == LAUNCHER)?;
+        let job = (rjob, rjob_path.as_slice(), name == LAUNCHER);
+        fresh_replicated_job(&mut patch, plan, &volumes, job)?;
     }
     Some(patch.finish())
 }
 
+/// One replicatedJob (`rjob` at `rjob_path`, the launcher or not).
 fn fresh_replicated_job(
     patch: &mut PatchWriter,
     plan: &MpiPlan,
-    rjob: &ReplicatedJob<'_>,
-    rjob_path: &[Token],
-    is_launcher: bool,
+    (ssh_auth, hostfile): &(SshAuthVolume, HostfileVolume),
+    (rjob, rjob_path, is_launcher): (&ReplicatedJob<'_>, &[Token], bool),
 ) -> Option<()> {
     let job = rjob.template.as_ref()?.spec.as_ref()?;
     let pod = job.template.as_ref()?.spec.as_ref()?;
@@ -267,11 +279,9 @@ fn fresh_replicated_job(
     let mut volumes = List::new(&pod_spec, "volumes", pod.volumes.as_deref(), |v| {
         v.name.as_deref()
     });
-    let ssh_auth = SshAuthVolume::new(&plan.train_job);
-    volumes.append(patch, ssh_auth.name(), &ssh_auth)?;
+    volumes.append(patch, ssh_auth.name(), ssh_auth)?;
     if is_launcher {
-        let hostfile = HostfileVolume::new(&plan.train_job);
-        volumes.append(patch, hostfile.name(), &hostfile)?;
+        volumes.append(patch, hostfile.name(), hostfile)?;
     }
     // C.4 and C.5: mounts by mountPath and env by name, on containers named `node` only.
     let containers = child(&pod_spec, &keys(["containers"]));
@@ -310,12 +320,12 @@ fn set_count(
     current: Option<&Value>,
     count: i64,
 ) -> Option<()> {
-    let path = child(job_spec, &[Token::Key(field)]);
+    let field = [Token::Key(field)];
     match current {
-        None => patch.push("add", &path, &count),
+        None => patch.push("add", job_spec, &field, &count),
         // `Value` equality with the count: the same integer (a float or a string is not).
         Some(current) if current.as_i64() == Some(count) => Some(()),
-        Some(_) => patch.push("replace", &path, &count),
+        Some(_) => patch.push("replace", job_spec, &field, &count),
     }
 }
 
@@ -357,10 +367,10 @@ impl<'k> List<'k> {
         }
         self.keys.push(key);
         if self.exists {
-            patch.push("add", &child(&self.path, &[Token::End]), item)
+            patch.push("add", &self.path, &[Token::End], item)
         } else {
             self.exists = true;
-            patch.push("add", &self.path, &[item])
+            patch.push("add", &self.path, &[], &[item])
         }
     }
 }
