@@ -26,7 +26,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::mpi::enforce::{JobSetView, PatchJson};
+use crate::mpi::enforce::{JobSetView, Obj, PatchJson};
 use crate::objects::ObjectSource;
 use crate::objects::dir::from_value;
 use crate::raw_json::RawJson;
@@ -263,9 +263,8 @@ pub async fn review<S: ObjectSource>(
     // The mutation reads a JobSet's few fields in the same pass as the review; the validations
     // read their objects whole, so they get them as raw text.
     let request = match route {
-        Route::MutateJobSet => {
-            wire::read(body).map(|(req, o)| (req, o.map(|view| Object::JobSet(Box::new(view)))))
-        }
+        Route::MutateJobSet => wire::read::<Obj<JobSetView>>(body)
+            .map(|(req, o)| (req, o.map(|view| Object::JobSet(Box::new(view.0))))),
         _ => wire::read(body).map(|(req, o)| (req, o.map(Object::Raw))),
     };
     if let Some((req, object)) = request

@@ -34,14 +34,14 @@ pub struct JobSetView<'a> {
     #[serde(default)]
     pub metadata: ObjectMeta,
     #[serde(borrow, default)]
-    spec: Option<Spec<'a>>,
+    spec: Option<Obj<Spec<'a>>>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Spec<'a> {
     #[serde(borrow, default)]
-    replicated_jobs: Option<Vec<ReplicatedJob<'a>>>,
+    replicated_jobs: Option<Vec<Obj<ReplicatedJob<'a>>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -49,13 +49,13 @@ struct ReplicatedJob<'a> {
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    template: Option<JobTemplate<'a>>,
+    template: Option<Obj<JobTemplate<'a>>>,
 }
 
 #[derive(Debug, Deserialize)]
 struct JobTemplate<'a> {
     #[serde(borrow, default)]
-    spec: Option<JobSpec<'a>>,
+    spec: Option<Obj<JobSpec<'a>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -65,21 +65,21 @@ struct JobSpec<'a> {
     #[serde(default)]
     completions: Option<Value>,
     #[serde(borrow, default)]
-    template: Option<PodTemplate<'a>>,
+    template: Option<Obj<PodTemplate<'a>>>,
 }
 
 #[derive(Debug, Deserialize)]
 struct PodTemplate<'a> {
     #[serde(borrow, default)]
-    spec: Option<PodSpec<'a>>,
+    spec: Option<Obj<PodSpec<'a>>>,
 }
 
 #[derive(Debug, Deserialize)]
 struct PodSpec<'a> {
     #[serde(borrow, default)]
-    volumes: Option<Vec<Named<'a>>>,
+    volumes: Option<Vec<Obj<Named<'a>>>>,
     #[serde(borrow, default)]
-    containers: Option<Vec<Container<'a>>>,
+    containers: Option<Vec<Obj<Container<'a>>>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -88,9 +88,9 @@ struct Container<'a> {
     #[serde(borrow, default)]
     name: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    volume_mounts: Option<Vec<MountView<'a>>>,
+    volume_mounts: Option<Vec<Obj<MountView<'a>>>>,
     #[serde(borrow, default)]
-    env: Option<Vec<Named<'a>>>,
+    env: Option<Vec<Obj<Named<'a>>>>,
 }
 
 /// A volume or env var: only its name is compared.
@@ -111,7 +111,39 @@ struct MountView<'a> {
 impl<'a> JobSetView<'a> {
     /// Reads a JobSet's raw JSON, or `None` when it is not in the shape this view accepts.
     pub fn read(raw: &'a str) -> Option<Self> {
-        serde_json::from_str(raw).ok()
+        serde_json::from_str::<Obj<Self>>(raw).ok().map(|o| o.0)
+    }
+}
+
+/// A JSON object read as `T`, and nothing else. serde's derived structs also accept a JSON array
+/// (its elements taken as the fields in order); the reference reads an array as an array, so a
+/// view must refuse one where it expects an object.
+#[derive(Debug)]
+pub struct Obj<T>(pub T);
+
+impl<T> std::ops::Deref for Obj<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ObjectVisitor<T>(std::marker::PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectVisitor<T> {
+            type Value = Obj<T>;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Obj<T>, A::Error> {
+                T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Obj)
+            }
+        }
+        deserializer.deserialize_map(ObjectVisitor(std::marker::PhantomData))
     }
 }
 
@@ -241,7 +273,7 @@ pub fn enforce_fresh(plan: &MpiPlan, jobset: &JobSetView<'_>) -> Option<PatchJso
             continue;
         }
         let rjob_path = child(&keys(["spec", "replicatedJobs"]), &[Token::Index(i)]);
-        let job = (rjob, rjob_path.as_slice(), name == LAUNCHER);
+        let job = (&**rjob, rjob_path.as_slice(), name == LAUNCHER);
         fresh_replicated_job(&mut patch, plan, &volumes, job)?;
     }
     Some(patch.finish())
@@ -276,9 +308,12 @@ fn fresh_replicated_job(
     }
     // C.3: volumes, by name.
     let pod_spec = child(&job_spec, &keys(["template", "spec"]));
-    let mut volumes = List::new(&pod_spec, "volumes", pod.volumes.as_deref(), |v| {
-        v.name.as_deref()
-    });
+    let mut volumes = List::new(
+        &pod_spec,
+        "volumes",
+        pod.volumes.as_deref(),
+        |v: &Obj<Named>| v.name.as_deref(),
+    );
     volumes.append(patch, ssh_auth.name(), ssh_auth)?;
     if is_launcher {
         volumes.append(patch, hostfile.name(), hostfile)?;
@@ -294,16 +329,19 @@ fn fresh_replicated_job(
             &container_path,
             "volumeMounts",
             container.volume_mounts.as_deref(),
-            |m| m.mount_path.as_deref(),
+            |m: &Obj<MountView>| m.mount_path.as_deref(),
         );
         let ssh_auth = Mount::ssh_auth(plan);
         mounts.append(patch, ssh_auth.mount_path, &ssh_auth)?;
         if is_launcher {
             let hostfile = Mount::hostfile();
             mounts.append(patch, hostfile.mount_path, &hostfile)?;
-            let mut env = List::new(&container_path, "env", container.env.as_deref(), |e| {
-                e.name.as_deref()
-            });
+            let mut env = List::new(
+                &container_path,
+                "env",
+                container.env.as_deref(),
+                |e: &Obj<Named>| e.name.as_deref(),
+            );
             for (name, value) in plan.implementation.env_pairs(plan.slots) {
                 env.append(patch, name, &EnvVar { name, value })?;
             }

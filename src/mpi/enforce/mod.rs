@@ -15,7 +15,7 @@
 mod fresh;
 mod items;
 
-pub use fresh::{JobSetView, PatchJson, enforce_fresh};
+pub use fresh::{JobSetView, Obj, PatchJson, enforce_fresh};
 
 use items::{EnvVar, HostfileVolume, Mount, SshAuthVolume, to_value};
 
