@@ -18,7 +18,6 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
-use kube::core::admission::AdmissionResponse;
 
 use crate::admission::{self, Reviewed, Route};
 use crate::metrics::{Metrics, Outcome};
@@ -256,16 +255,6 @@ fn uid_of(body: &[u8]) -> String {
 pub const TIMEOUT_MESSAGE: &str =
     "mpi-webhook could not evaluate this request before its deadline; retry";
 
-fn denial_body(uid: String, message: &str) -> Vec<u8> {
-    let mut response = AdmissionResponse::invalid(message);
-    response.uid = uid;
-    let response = admission::forbid(response, message);
-    // Serializing these plain types cannot fail; the literal is a last resort that still denies.
-    serde_json::to_vec(&response.into_review()).unwrap_or_else(|_| {
-        br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#.to_vec()
-    })
-}
-
 fn json_response(body: Vec<u8>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
@@ -287,7 +276,7 @@ fn finish(route: Route, metrics: &Metrics, answer: Answer, started: Instant) -> 
             (
                 Outcome::Timeout,
                 0,
-                json_response(denial_body(uid, TIMEOUT_MESSAGE)),
+                json_response(admission::denial_review(uid, TIMEOUT_MESSAGE)),
             )
         }
         Answer::Error(e) => {

@@ -529,10 +529,18 @@ pub const INTERNAL_ERROR_MESSAGE: &str =
 /// Denies `response` the way every mpi-webhook denial reads (interface.md): `allowed: false`,
 /// `status.code` 403, `status.reason` Forbidden and the message. kube-core's `deny` alone leaves
 /// the code and reason empty.
-pub fn forbid(response: AdmissionResponse, message: &str) -> AdmissionResponse {
+fn forbid(response: AdmissionResponse, message: &str) -> AdmissionResponse {
     let mut denied = response.deny(message);
     denied.result = Status::failure(message, "Forbidden").with_code(403);
     denied
+}
+
+/// A whole response review denying the request with `uid`, for a denial made outside a review
+/// (`serve`'s expired deadline), written like every other response.
+pub fn denial_review(uid: String, message: &str) -> Vec<u8> {
+    let mut response = AdmissionResponse::invalid(message);
+    response.uid = uid;
+    review_bytes(&forbid(response, message))
 }
 
 fn respond(

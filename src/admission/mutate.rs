@@ -1,10 +1,10 @@
 //! The mutating route: a JobSet owned by a TrainJob gets the MPI wiring of its runtime.
 
+use std::borrow::Cow;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DynamicObject;
 use kube::core::admission::AdmissionRequest;
-use std::borrow::Cow;
-
 use serde_json::Value;
 
 use crate::api::TRAINER_GROUP;

@@ -1,12 +1,13 @@
 //! The validating routes: TrainJob against its runtime, and the runtimes themselves.
 
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, Operation};
+
 use crate::api::{RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
 use crate::mpi::validate::{validate_runtime, validate_train_job};
 use crate::objects::ObjectSource;
 use crate::raw_json::RawJson;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, Operation};
 
 use super::{Object, Verdict};
 
