@@ -224,10 +224,9 @@ impl Object<'_> {
     /// is read as the general path reads it, through a `Value`, whose answer and message count.
     pub(crate) fn read<T: DeserializeOwned>(&self) -> Result<T, String> {
         match self {
-            Object::Raw(raw) => serde_json::from_str(raw.get()).or_else(|_| {
-                let value: Value = serde_json::from_str(raw.get()).unwrap_or(Value::Null);
-                from_value(&value)
-            }),
+            Object::Raw(raw) => {
+                serde_json::from_str(raw.get()).or_else(|_| from_value(RawJson::text(raw).value()))
+            }
             Object::Parsed(value) => from_value(value),
             Object::JobSet(_) => Err("a JobSet view is read by the mutation only".into()),
         }

@@ -331,11 +331,11 @@ fn fresh_replicated_job(
             container.volume_mounts.as_deref(),
             |m: &Obj<MountView>| m.mount_path.as_deref(),
         );
-        let ssh_auth = Mount::ssh_auth(plan);
-        mounts.append(patch, ssh_auth.mount_path, &ssh_auth)?;
+        let ssh_auth_mount = Mount::ssh_auth(plan);
+        mounts.append(patch, ssh_auth_mount.mount_path, &ssh_auth_mount)?;
         if is_launcher {
-            let hostfile = Mount::hostfile();
-            mounts.append(patch, hostfile.mount_path, &hostfile)?;
+            let hostfile_mount = Mount::hostfile();
+            mounts.append(patch, hostfile_mount.mount_path, &hostfile_mount)?;
             let mut env = List::new(
                 &container_path,
                 "env",
