@@ -2,7 +2,6 @@
 //! other upstream MPI tests (E.3), re-expressed against the raw-JSON patch.
 
 use mpi_webhook::api::TrainingRuntime;
-use mpi_webhook::mpi::enforce::{JobSetView, enforce_fresh};
 use mpi_webhook::mpi::hostfile::hostfile;
 use mpi_webhook::mpi::plan::MpiPlan;
 use pretty_assertions::assert_eq;
@@ -456,10 +455,7 @@ fn fresh_jobsets_take_the_fast_path_and_wired_ones_the_reference() {
     let tj = train_job(json!({"numNodes": 3}));
     let plan = plan(&rt, &tj);
     let fresh = jobset(&rt, &tj);
-    let fast = |js: &Value| {
-        let text = js.to_string();
-        JobSetView::read(&text).and_then(|view| enforce_fresh(&plan, &view))
-    };
+    let fast = |js: &Value| fast_patch(&plan, js);
     let patch = fast(&fresh).expect("a fresh JobSet takes the fast path");
     let ops = enforce(&plan, &fresh).expect("patchable");
     assert_eq!(patch.operations, ops.len());

@@ -91,8 +91,7 @@ pub fn jobset(runtime: &Value, train_job: &Value) -> Value {
 /// it must answer alike, and it must not answer where the reference fails.
 pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, MutationError> {
     let reference = enforce_mpi_policy(plan, jobset);
-    let text = jobset.to_string();
-    if let Some(fresh) = JobSetView::read(&text).and_then(|view| enforce_fresh(plan, &view)) {
+    if let Some(fresh) = fast_patch(plan, jobset) {
         let ops = reference
             .as_ref()
             .expect("the fresh path answers only what the reference can");
@@ -105,6 +104,13 @@ pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, Mu
         assert_eq!(fresh.operations, expected.operations);
     }
     reference
+}
+
+/// The fast path's patch for `jobset`, as `serve` reads it from JSON text; `None` when the
+/// JobSet is not fresh.
+pub fn fast_patch(plan: &MpiPlan, jobset: &Value) -> Option<PatchJson> {
+    let text = jobset.to_string();
+    JobSetView::read(&text).and_then(|view| enforce_fresh(plan, &view))
 }
 
 /// Applies the MPI mutation and returns the patched JobSet, checking idempotence on the way.
