@@ -15,15 +15,24 @@
 //!    request `i` is due at `start + i / rate`; a request sent late because its connection was
 //!    still busy is timed from when it was due, so a stall is charged to every request it
 //!    delays, not hidden: no coordinated omission);
-//! 4. prints throughput, p50/p99/p99.9/max latency, errors, the server's idle and peak RSS
-//!    (`VmRSS` after start-up, `VmHWM` at the end, from `/proc/<pid>/status`) and serve's
-//!    maximum throughput as a fraction of the baseline's, then stops both servers.
+//! 4. prints throughput, p50/p99/p99.9/max latency, errors, the CPU time per request of the
+//!    server and of the client (this process) from `/proc/<pid>/stat`, the server's idle and
+//!    peak RSS (`VmRSS` after start-up, `VmHWM` at the end, from `/proc/<pid>/status`) and
+//!    serve's maximum throughput as a fraction of the baseline's, then stops both servers;
+//! 5. calibrates that fraction: the baseline is started again with a fixed amount of CPU work
+//!    added to every request (`LOAD_CALIBRATE_US`, a busy loop sized at start-up to take that
+//!    many microseconds when run hot on one core, as criterion measures `benches/policy.rs`) and
+//!    its maximum throughput is measured as a fraction of the plain baseline's. This turns the
+//!    throughput target into a CPU budget per review: with client and servers sharing the two
+//!    cores, a fraction of 0.7 allows only as much work as the row that reads 0.7.
 //!
 //! Every phase is bounded in requests (by its duration and rate) and in time (a deadline, and a
 //! timeout per request); the whole run takes about a minute. Knobs (environment):
 //! `LOAD_SECONDS` per phase (default 3), `LOAD_CONNECTIONS` (default 16), `LOAD_RATES`
-//! (comma-separated requests/s, default `1000,2000`), `LOAD_SERVE_WRAPPER` (a command prefix for
-//! serve, e.g. `valgrind --tool=callgrind`, to profile it under load); `RUST_LOG` reaches serve.
+//! (comma-separated requests/s, default `1000,2000`), `LOAD_CALIBRATE_US` (comma-separated
+//! microseconds of added work, default `2,3,4`; empty for none), `LOAD_SERVE_WRAPPER` (a command
+//! prefix for serve, e.g. `valgrind --tool=callgrind`, to profile it under load); `RUST_LOG`
+//! reaches serve.
 //!
 //! Without `--bench` (as `cargo test --benches` runs it) it does nothing: benchmarks are never
 //! timed tests.
@@ -55,6 +64,9 @@ type AnyError = Box<dyn std::error::Error + Send + Sync>;
 const BIN: &str = env!("CARGO_BIN_EXE_mpi-webhook");
 const MANIFESTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests");
 const BASELINE_FLAG: &str = "--baseline-server";
+/// Server names in the output.
+const SERVE: &str = "mpi-webhook serve";
+const BASELINE: &str = "baseline";
 /// Longest any single request may take before it counts as an error.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Alternating rounds of the maximum-throughput measurement (the median is reported).
@@ -95,6 +107,8 @@ struct Config {
     seconds: f64,
     connections: usize,
     rates: Vec<u32>,
+    /// Microseconds of work added to the baseline's requests, one calibration run each.
+    calibrate_us: Vec<f64>,
 }
 
 impl Config {
@@ -113,10 +127,24 @@ impl Config {
         if rates.iter().any(|r| !(1..=100_000).contains(r)) {
             return Err("every LOAD_RATES entry must be 1..=100000".into());
         }
+        // Set but empty means no calibration; unset means the default.
+        let calibrate_us = std::env::var("LOAD_CALIBRATE_US")
+            .unwrap_or_else(|_| "2,3,4".into())
+            .split(',')
+            .map(str::trim)
+            .filter(|w| !w.is_empty())
+            .map(str::parse::<f64>)
+            .collect::<Result<Vec<_>, _>>()?;
+        if calibrate_us.iter().any(|w| !(*w > 0.0 && *w <= 1000.0)) {
+            return Err(
+                "every LOAD_CALIBRATE_US entry must be more than 0 and at most 1000".into(),
+            );
+        }
         Ok(Self {
             seconds,
             connections,
             rates,
+            calibrate_us,
         })
     }
 }
@@ -144,7 +172,7 @@ fn main() -> Result<(), AnyError> {
 
 /// A child process that is killed (and reaped) when dropped, so no server outlives the run.
 struct Server {
-    name: &'static str,
+    name: String,
     child: Child,
     addr: SocketAddr,
 }
@@ -169,6 +197,11 @@ impl Drop for Server {
 }
 
 impl Server {
+    /// CPU time (user and system) the server has used so far.
+    fn cpu_time(&self) -> Result<Duration, AnyError> {
+        cpu_time(self.child.id())
+    }
+
     /// `(VmRSS, VmHWM)` in KiB.
     fn memory_kib(&self) -> Result<(u64, u64), AnyError> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
@@ -188,11 +221,46 @@ impl Server {
     }
 }
 
+/// CPU time (user and system) process `pid` has used so far, from `/proc/<pid>/stat`.
+fn cpu_time(pid: u32) -> Result<Duration, AnyError> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which is in parentheses and may hold spaces: state is
+    // field 3, utime and stime are fields 14 and 15 (proc(5)).
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| -> Result<u64, AnyError> {
+        Ok(fields
+            .get(i)
+            .ok_or("/proc/<pid>/stat is shorter than proc(5) says")?
+            .parse()?)
+    };
+    let ticks = ticks(11)? + ticks(12)?;
+    Ok(Duration::from_secs_f64(
+        ticks as f64 / clock_ticks_per_second(),
+    ))
+}
+
+/// `getconf CLK_TCK`, the unit of `/proc/<pid>/stat`'s times (100 on Linux unless told).
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8(o.stdout).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
 fn free_port() -> Result<SocketAddr, AnyError> {
     Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?)
 }
 
-fn spawn(name: &'static str, command: &mut Command, addr: SocketAddr) -> Result<Server, AnyError> {
+fn spawn(name: String, command: &mut Command, addr: SocketAddr) -> Result<Server, AnyError> {
     let child = command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -248,18 +316,29 @@ fn start_serve(certs: &Path, objects: &Path) -> Result<Server, AnyError> {
         .arg(certs.join("tls.key"));
     // RUST_LOG passes through; unset, serve logs at its default level (info: one event per
     // mutation or denial), as in production.
-    spawn("mpi-webhook serve", &mut command, addr)
+    spawn(SERVE.into(), &mut command, addr)
 }
 
-fn start_baseline(certs: &Path, responses: &Path) -> Result<Server, AnyError> {
+/// The baseline, adding `work` (a busy loop that takes that long when run hot) to every request.
+fn start_baseline(certs: &Path, responses: &Path, work: Duration) -> Result<Server, AnyError> {
     let addr = free_port()?;
     let mut command = Command::new(std::env::current_exe()?);
     command
         .arg(BASELINE_FLAG)
         .arg(addr.to_string())
         .arg(certs)
-        .arg(responses);
-    spawn("baseline", &mut command, addr)
+        .arg(responses)
+        .arg(work.as_nanos().to_string());
+    let name = if work.is_zero() {
+        BASELINE.to_string()
+    } else {
+        calibration_name(work.as_secs_f64() * 1e6)
+    };
+    spawn(name, &mut command, addr)
+}
+
+fn calibration_name(us: f64) -> String {
+    format!("{BASELINE} + {us:.1} us")
 }
 
 /// The responses serve gives to the samples, written for the baseline to return verbatim.
@@ -290,20 +369,67 @@ async fn write_baseline_responses(
 // The baseline server (a child process of the bench)
 
 fn baseline_main(args: &[String]) -> Result<(), AnyError> {
-    let [_, _, addr, certs, responses] = args else {
-        return Err(format!("usage: {BASELINE_FLAG} ADDR CERT_DIR RESPONSE_DIR").into());
+    let [_, _, addr, certs, responses, work_ns] = args else {
+        return Err(format!("usage: {BASELINE_FLAG} ADDR CERT_DIR RESPONSE_DIR WORK_NS").into());
     };
     let (addr, certs, responses): (SocketAddr, PathBuf, PathBuf) =
         (addr.parse()?, certs.into(), responses.into());
+    let work = BusyWork::sized(Duration::from_nanos(work_ns.parse()?));
     tls::install_crypto_provider();
     // The same runtime as serve's `#[tokio::main]`: multi-threaded, one worker per core.
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?
-        .block_on(baseline_serve(addr, &certs, &responses))
+        .block_on(baseline_serve(addr, &certs, &responses, work))
 }
 
-async fn baseline_serve(addr: SocketAddr, certs: &Path, responses: &Path) -> Result<(), AnyError> {
+/// A fixed amount of CPU work standing in for a review in the calibration runs: a loop whose
+/// iterations depend on each other, sized so that it takes the given time when run hot.
+#[derive(Clone, Copy)]
+struct BusyWork {
+    iterations: u64,
+}
+
+impl BusyWork {
+    fn sized(target: Duration) -> Self {
+        if target.is_zero() {
+            return Self { iterations: 0 };
+        }
+        // The fastest of a few timed runs: the loop's cost on an otherwise idle core.
+        const PROBE: u64 = 1_000_000;
+        let probe = Self { iterations: PROBE };
+        let fastest = (0..5)
+            .map(|_| {
+                let start = Instant::now();
+                std::hint::black_box(probe.run());
+                start.elapsed()
+            })
+            .min()
+            .unwrap_or(Duration::from_millis(1));
+        let per_iteration = fastest.as_secs_f64() / PROBE as f64;
+        Self {
+            iterations: (target.as_secs_f64() / per_iteration).round() as u64,
+        }
+    }
+
+    /// xorshift64: cheap, serial, and not something the compiler can fold away.
+    fn run(self) -> u64 {
+        let mut x = std::hint::black_box(0x9E37_79B9_7F4A_7C15_u64);
+        for _ in 0..self.iterations {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+        }
+        x
+    }
+}
+
+async fn baseline_serve(
+    addr: SocketAddr,
+    certs: &Path,
+    responses: &Path,
+    work: BusyWork,
+) -> Result<(), AnyError> {
     let files = TlsFiles {
         cert: certs.join("tls.crt"),
         key: certs.join("tls.key"),
@@ -335,21 +461,24 @@ async fn baseline_serve(addr: SocketAddr, certs: &Path, responses: &Path) -> Res
             };
             let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                 let bodies = bodies.clone();
-                async move { Ok::<_, hyper::Error>(baseline_answer(request, &bodies).await) }
+                async move { Ok::<_, hyper::Error>(baseline_answer(request, &bodies, work).await) }
             });
             let _ = builder.serve_connection(TokioIo::new(tls), service).await;
         });
     }
 }
 
-/// Reads the whole body (as serve must), then answers with the fixed review of the path.
+/// Reads the whole body (as serve must), does `work`, then answers with the fixed review of the
+/// path.
 async fn baseline_answer(
     request: Request<Incoming>,
     bodies: &[(&'static str, Bytes)],
+    work: BusyWork,
 ) -> Response<Full<Bytes>> {
     let path = request.uri().path().to_owned();
     let fixed = bodies.iter().find(|(p, _)| *p == path).map(|(_, b)| b);
     let read = request.into_body().collect().await;
+    std::hint::black_box(work.run());
     let (status, body) = match (read, fixed) {
         (Ok(_), Some(body)) => (StatusCode::OK, body.clone()),
         (Ok(_), None) => (StatusCode::NOT_FOUND, Bytes::new()),
@@ -441,11 +570,24 @@ struct PhaseResult {
     elapsed: Duration,
     latency_us: Histogram<u64>,
     first_error: Option<String>,
+    /// CPU time of the server and of the client (this process) during the phase.
+    server_cpu: Duration,
+    client_cpu: Duration,
 }
 
 impl PhaseResult {
     fn throughput(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// Microseconds of `cpu` per request, to one decimal; `-` where the phase had too few
+    /// requests for `/proc`'s clock ticks (10 ms) to resolve a tenth of a microsecond.
+    fn cpu_per_request(&self, cpu: Duration) -> String {
+        let resolution_us = 1e6 / clock_ticks_per_second() / self.requests.max(1) as f64;
+        if resolution_us > 0.1 {
+            return "-".into();
+        }
+        format!("{:.1}", cpu.as_secs_f64() * 1e6 / self.requests as f64)
     }
 }
 
@@ -561,6 +703,8 @@ async fn phase(
         elapsed: Duration::ZERO,
         latency_us: histogram(),
         first_error: None,
+        server_cpu: Duration::ZERO,
+        client_cpu: Duration::ZERO,
     };
     for task in tasks {
         let (sender, r) = task.await?;
@@ -580,7 +724,7 @@ async fn phase(
 // The run
 
 struct Row {
-    server: &'static str,
+    server: String,
     workload: &'static str,
     mode: Mode,
     result: PhaseResult,
@@ -625,7 +769,8 @@ async fn measure(
     mode: Mode,
     duration: Duration,
 ) -> Result<PhaseResult, AnyError> {
-    let result = phase(
+    let (server_before, client_before) = (target.server.cpu_time()?, cpu_time(std::process::id())?);
+    let mut result = phase(
         &mut target.senders,
         target.server.addr,
         tls,
@@ -634,16 +779,39 @@ async fn measure(
         duration,
     )
     .await?;
+    result.server_cpu = target.server.cpu_time()?.saturating_sub(server_before);
+    result.client_cpu = cpu_time(std::process::id())?.saturating_sub(client_before);
     eprintln!(
-        "  {:<18} {:<8} {:>7}: {:>8.0} req/s, p99 {} ms, {} errors",
+        "  {:<24} {:<8} {:>7}: {:>8.0} req/s, p99 {} ms, {} errors, CPU per request: server {} us, client {} us",
         target.server.name,
         w.name,
         mode.label(),
         result.throughput(),
         ms(&result.latency_us, 0.99),
-        result.errors
+        result.errors,
+        result.cpu_per_request(result.server_cpu),
+        result.cpu_per_request(result.client_cpu),
     );
     Ok(result)
+}
+
+/// One second at maximum throughput (connections, allocator, caches); not reported.
+async fn warm_up(
+    target: &mut Target<'_>,
+    tls: &TlsConnector,
+    w: &Workload,
+) -> Result<(), AnyError> {
+    let warm_up = Duration::from_secs(1);
+    phase(
+        &mut target.senders,
+        target.server.addr,
+        tls,
+        w,
+        Mode::Max,
+        warm_up,
+    )
+    .await?;
+    Ok(())
 }
 
 /// Loads serve and the baseline in turn, never both at once. Maximum throughput is measured in
@@ -659,16 +827,7 @@ async fn load_both(
     let duration = Duration::from_secs_f64(config.seconds);
     for w in workloads {
         for target in targets.iter_mut() {
-            // Warm-up (connections, allocator, caches); not reported.
-            phase(
-                &mut target.senders,
-                target.server.addr,
-                tls,
-                w,
-                Mode::Max,
-                Duration::from_secs(1),
-            )
-            .await?;
+            warm_up(target, tls, w).await?;
         }
         let mut rounds: [Vec<PhaseResult>; 2] = [Vec::new(), Vec::new()];
         for _ in 0..MAX_ROUNDS {
@@ -680,7 +839,7 @@ async fn load_both(
             results.sort_by(|a, b| a.throughput().total_cmp(&b.throughput()));
             let median = results.swap_remove(results.len() / 2);
             rows.push(Row {
-                server: targets[t].server.name,
+                server: targets[t].server.name.clone(),
                 workload: w.name,
                 mode: Mode::Max,
                 result: median,
@@ -690,12 +849,44 @@ async fn load_both(
             for target in targets.iter_mut() {
                 let result = measure(target, tls, w, Mode::Rate(rate), duration).await?;
                 rows.push(Row {
-                    server: target.server.name,
+                    server: target.server.name.clone(),
                     workload: w.name,
                     mode: Mode::Rate(rate),
                     result,
                 });
             }
+        }
+    }
+    Ok(())
+}
+
+/// The calibration runs: for each `LOAD_CALIBRATE_US` entry, the baseline with that much work
+/// added to every request, at maximum throughput on every workload (one round each).
+async fn calibrate(
+    certs: &Path,
+    responses: &Path,
+    tls: &TlsConnector,
+    workloads: &[Workload],
+    config: &Config,
+    rows: &mut Vec<Row>,
+) -> Result<(), AnyError> {
+    let duration = Duration::from_secs_f64(config.seconds);
+    for &us in &config.calibrate_us {
+        let mut server = start_baseline(certs, responses, Duration::from_secs_f64(us / 1e6))?;
+        wait_ready(&mut server, tls, &workloads[0]).await?;
+        let mut target = Target {
+            senders: connections(&server, tls, config.connections).await?,
+            server: &server,
+        };
+        for w in workloads {
+            warm_up(&mut target, tls, w).await?;
+            let result = measure(&mut target, tls, w, Mode::Max, duration).await?;
+            rows.push(Row {
+                server: server.name.clone(),
+                workload: w.name,
+                mode: Mode::Max,
+                result,
+            });
         }
     }
     Ok(())
@@ -746,7 +937,7 @@ async fn run(config: &Config) -> Result<(), AnyError> {
     wait_ready(&mut serve, &tls, &workloads[0]).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (idle_rss, _) = serve.memory_kib()?;
-    let mut baseline = start_baseline(&certs, &responses)?;
+    let mut baseline = start_baseline(&certs, &responses, Duration::ZERO)?;
     wait_ready(&mut baseline, &tls, &workloads[0]).await?;
     let (baseline_idle, _) = baseline.memory_kib()?;
     let mut targets = [
@@ -765,24 +956,29 @@ async fn run(config: &Config) -> Result<(), AnyError> {
     let (_, baseline_peak) = baseline.memory_kib()?;
     drop(serve);
     drop(baseline);
+    calibrate(&certs, &responses, &tls, &workloads, config, &mut rows).await?;
     drop(tmp);
 
     println!();
-    println!("| server | route | load | req/s | p50 ms | p99 ms | p99.9 ms | max ms | errors |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| server | route | load | req/s | p50 ms | p99 ms | p99.9 ms | max ms | errors | server CPU us/req | client CPU us/req |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for row in &rows {
-        let h = &row.result.latency_us;
+        let (h, r) = (&row.result.latency_us, &row.result);
         println!(
-            "| {} | {} | {} | {:.0} | {} | {} | {} | {:.3} | {} |",
+            "| {} | {} | {} | {:.0} | {} | {} | {} | {:.3} | {} | {} | {} |",
             row.server,
             row.workload,
             row.mode.label(),
-            row.result.throughput(),
+            r.throughput(),
             ms(h, 0.5),
             ms(h, 0.99),
             ms(h, 0.999),
             h.max() as f64 / 1000.0,
-            row.result.errors
+            r.errors,
+            r.cpu_per_request(r.server_cpu),
+            r.cpu_per_request(r.client_cpu),
         );
     }
     println!();
@@ -801,14 +997,28 @@ async fn run(config: &Config) -> Result<(), AnyError> {
             .map_or(0.0, |r| r.result.throughput())
     };
     for w in &workloads {
-        let ours = max_of("mpi-webhook serve", w.name);
-        let base = max_of("baseline", w.name);
+        let ours = max_of(SERVE, w.name);
+        let base = max_of(BASELINE, w.name);
         println!(
             "{} max throughput: {:.0} / {:.0} req/s = {:.2} of the baseline (target >= 0.70)",
             w.name,
             ours,
             base,
             ours / base
+        );
+    }
+    for &us in &config.calibrate_us {
+        let name = calibration_name(us);
+        let fractions: Vec<String> = workloads
+            .iter()
+            .map(|w| {
+                let fraction = max_of(&name, w.name) / max_of(BASELINE, w.name);
+                format!("{} {fraction:.2}", w.name)
+            })
+            .collect();
+        println!(
+            "calibration: {name} of work per request reaches {} of the baseline",
+            fractions.join(", ")
         );
     }
     println!(
