@@ -10,7 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::WallTime;
+use criterion::{
+    BenchmarkGroup, BenchmarkId, Criterion, Throughput, criterion_group, criterion_main,
+};
 use mpi_webhook::admission::{Route, review};
 use mpi_webhook::api::{RuntimeKind, TrainJob, TrainingRuntime};
 use mpi_webhook::mpi::enforce::{JobSetView, enforce_fresh, enforce_mpi_policy};
@@ -102,7 +105,17 @@ fn validate(c: &mut Criterion) {
             ))
         });
     });
+    skim(&mut group, &body);
     group.finish();
+}
+
+/// The floor under any read of a review: serde_json skipping over the whole body, keeping
+/// nothing. No review can cost less than this above the load bench's baseline, which only
+/// receives the body.
+fn skim(group: &mut BenchmarkGroup<'_, WallTime>, body: &[u8]) {
+    group.bench_function("skim", |b| {
+        b.iter(|| serde_json::from_slice::<serde::de::IgnoredAny>(black_box(body)));
+    });
 }
 
 fn mutate(c: &mut Criterion) {
@@ -145,6 +158,7 @@ fn mutate(c: &mut Criterion) {
             b.iter(|| block_on(review(Route::MutateJobSet, black_box(&body), &fx.snapshot)));
         });
     }
+    skim(&mut group, &body);
     group.finish();
 }
 
