@@ -59,6 +59,9 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 
+#[path = "support/procfs.rs"]
+mod procfs;
+
 type AnyError = Box<dyn std::error::Error + Send + Sync>;
 
 const BIN: &str = env!("CARGO_BIN_EXE_mpi-webhook");
@@ -199,61 +202,17 @@ impl Drop for Server {
 impl Server {
     /// CPU time (user and system) the server has used so far.
     fn cpu_time(&self) -> Result<Duration, AnyError> {
-        cpu_time(self.child.id())
+        procfs::cpu_time(self.child.id())
     }
 
     /// `(VmRSS, VmHWM)` in KiB.
     fn memory_kib(&self) -> Result<(u64, u64), AnyError> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let field = |name: &str| -> Result<u64, AnyError> {
-            let line = status
-                .lines()
-                .find(|l| l.starts_with(name))
-                .ok_or_else(|| format!("{name} missing from /proc/<pid>/status"))?;
-            Ok(line
-                .trim_start_matches(name)
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse()?)
-        };
-        Ok((field("VmRSS:")?, field("VmHWM:")?))
+        let pid = self.child.id();
+        Ok((
+            procfs::status_kib(pid, "VmRSS")?,
+            procfs::status_kib(pid, "VmHWM")?,
+        ))
     }
-}
-
-/// CPU time (user and system) process `pid` has used so far, from `/proc/<pid>/stat`.
-fn cpu_time(pid: u32) -> Result<Duration, AnyError> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name, which is in parentheses and may hold spaces: state is
-    // field 3, utime and stime are fields 14 and 15 (proc(5)).
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest.split_whitespace().collect())
-        .unwrap_or_default();
-    let ticks = |i: usize| -> Result<u64, AnyError> {
-        Ok(fields
-            .get(i)
-            .ok_or("/proc/<pid>/stat is shorter than proc(5) says")?
-            .parse()?)
-    };
-    let ticks = ticks(11)? + ticks(12)?;
-    Ok(Duration::from_secs_f64(
-        ticks as f64 / clock_ticks_per_second(),
-    ))
-}
-
-/// `getconf CLK_TCK`, the unit of `/proc/<pid>/stat`'s times (100 on Linux unless told).
-fn clock_ticks_per_second() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(100.0)
-    })
 }
 
 fn free_port() -> Result<SocketAddr, AnyError> {
@@ -583,7 +542,7 @@ impl PhaseResult {
     /// Microseconds of `cpu` per request, to one decimal; `-` where the phase had too few
     /// requests for `/proc`'s clock ticks (10 ms) to resolve a tenth of a microsecond.
     fn cpu_per_request(&self, cpu: Duration) -> String {
-        let resolution_us = 1e6 / clock_ticks_per_second() / self.requests.max(1) as f64;
+        let resolution_us = 1e6 / procfs::clock_ticks_per_second() / self.requests.max(1) as f64;
         if resolution_us > 0.1 {
             return "-".into();
         }
@@ -730,6 +689,17 @@ struct Row {
     result: PhaseResult,
 }
 
+impl Row {
+    fn new(server: &Server, w: &Workload, mode: Mode, result: PhaseResult) -> Self {
+        Self {
+            server: server.name.clone(),
+            workload: w.name,
+            mode,
+            result,
+        }
+    }
+}
+
 async fn wait_ready(server: &mut Server, tls: &TlsConnector, w: &Workload) -> Result<(), AnyError> {
     let deadline = Instant::now() + START_TIMEOUT;
     loop {
@@ -769,7 +739,10 @@ async fn measure(
     mode: Mode,
     duration: Duration,
 ) -> Result<PhaseResult, AnyError> {
-    let (server_before, client_before) = (target.server.cpu_time()?, cpu_time(std::process::id())?);
+    let (server_before, client_before) = (
+        target.server.cpu_time()?,
+        procfs::cpu_time(std::process::id())?,
+    );
     let mut result = phase(
         &mut target.senders,
         target.server.addr,
@@ -780,7 +753,7 @@ async fn measure(
     )
     .await?;
     result.server_cpu = target.server.cpu_time()?.saturating_sub(server_before);
-    result.client_cpu = cpu_time(std::process::id())?.saturating_sub(client_before);
+    result.client_cpu = procfs::cpu_time(std::process::id())?.saturating_sub(client_before);
     eprintln!(
         "  {:<24} {:<8} {:>7}: {:>8.0} req/s, p99 {} ms, {} errors, CPU per request: server {} us, client {} us",
         target.server.name,
@@ -838,22 +811,12 @@ async fn load_both(
         for (t, mut results) in rounds.into_iter().enumerate() {
             results.sort_by(|a, b| a.throughput().total_cmp(&b.throughput()));
             let median = results.swap_remove(results.len() / 2);
-            rows.push(Row {
-                server: targets[t].server.name.clone(),
-                workload: w.name,
-                mode: Mode::Max,
-                result: median,
-            });
+            rows.push(Row::new(targets[t].server, w, Mode::Max, median));
         }
         for &rate in &config.rates {
             for target in targets.iter_mut() {
                 let result = measure(target, tls, w, Mode::Rate(rate), duration).await?;
-                rows.push(Row {
-                    server: target.server.name.clone(),
-                    workload: w.name,
-                    mode: Mode::Rate(rate),
-                    result,
-                });
+                rows.push(Row::new(target.server, w, Mode::Rate(rate), result));
             }
         }
     }
@@ -881,12 +844,7 @@ async fn calibrate(
         for w in workloads {
             warm_up(&mut target, tls, w).await?;
             let result = measure(&mut target, tls, w, Mode::Max, duration).await?;
-            rows.push(Row {
-                server: server.name.clone(),
-                workload: w.name,
-                mode: Mode::Max,
-                result,
-            });
+            rows.push(Row::new(&server, w, Mode::Max, result));
         }
     }
     Ok(())

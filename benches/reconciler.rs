@@ -59,6 +59,9 @@ use serde_json::{Map, Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+#[path = "support/procfs.rs"]
+mod procfs;
+
 type AnyError = Box<dyn std::error::Error + Send + Sync>;
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -1263,30 +1266,10 @@ impl Reconciler {
     /// `(peak RSS in KiB, CPU seconds)` from `/proc/<pid>/`.
     fn usage(&self) -> Result<(u64, f64), AnyError> {
         let pid = self.child.id();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-        let hwm = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .ok_or("VmHWM missing from /proc/<pid>/status")?
-            .trim()
-            .trim_end_matches("kB")
-            .trim()
-            .parse()?;
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-        // Fields after "(comm)": state is field 3, utime 14, stime 15.
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .ok_or("unexpected /proc/<pid>/stat")?
-            .1
-            .split_whitespace()
-            .collect();
-        let ticks = |i: usize| -> Result<f64, AnyError> {
-            Ok(fields
-                .get(i)
-                .ok_or("short /proc/<pid>/stat")?
-                .parse::<f64>()?)
-        };
-        Ok((hwm, (ticks(11)? + ticks(12)?) / clock_ticks()))
+        Ok((
+            procfs::status_kib(pid, "VmHWM")?,
+            procfs::cpu_time(pid)?.as_secs_f64(),
+        ))
     }
 
     /// SIGTERM and wait (at most 10 s) for a clean exit.
@@ -1335,16 +1318,6 @@ fn strip_ansi(text: &str) -> String {
         }
     }
     out
-}
-
-fn clock_ticks() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
 }
 
 /// `GET /metrics` of the reconciler.
