@@ -278,8 +278,10 @@ fn start_serve(certs: &Path, objects: &Path) -> Result<Server, AnyError> {
     spawn(SERVE.into(), &mut command, addr)
 }
 
-/// The baseline, adding `work` (a busy loop that takes that long when run hot) to every request.
-fn start_baseline(certs: &Path, responses: &Path, work: Duration) -> Result<Server, AnyError> {
+/// The baseline, adding `work_us` microseconds of work (a busy loop that takes that long when run
+/// hot) to every request; named [`calibration_name`] of `work_us` unless that is 0.
+fn start_baseline(certs: &Path, responses: &Path, work_us: f64) -> Result<Server, AnyError> {
+    let work = Duration::from_secs_f64(work_us / 1e6);
     let addr = free_port()?;
     let mut command = Command::new(std::env::current_exe()?);
     command
@@ -291,7 +293,7 @@ fn start_baseline(certs: &Path, responses: &Path, work: Duration) -> Result<Serv
     let name = if work.is_zero() {
         BASELINE.to_string()
     } else {
-        calibration_name(work.as_secs_f64() * 1e6)
+        calibration_name(work_us)
     };
     spawn(name, &mut command, addr)
 }
@@ -835,7 +837,7 @@ async fn calibrate(
 ) -> Result<(), AnyError> {
     let duration = Duration::from_secs_f64(config.seconds);
     for &us in &config.calibrate_us {
-        let mut server = start_baseline(certs, responses, Duration::from_secs_f64(us / 1e6))?;
+        let mut server = start_baseline(certs, responses, us)?;
         wait_ready(&mut server, tls, &workloads[0]).await?;
         let mut target = Target {
             senders: connections(&server, tls, config.connections).await?,
@@ -895,7 +897,7 @@ async fn run(config: &Config) -> Result<(), AnyError> {
     wait_ready(&mut serve, &tls, &workloads[0]).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let (idle_rss, _) = serve.memory_kib()?;
-    let mut baseline = start_baseline(&certs, &responses, Duration::ZERO)?;
+    let mut baseline = start_baseline(&certs, &responses, 0.0)?;
     wait_ready(&mut baseline, &tls, &workloads[0]).await?;
     let (baseline_idle, _) = baseline.memory_kib()?;
     let mut targets = [
