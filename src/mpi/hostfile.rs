@@ -132,6 +132,7 @@ mod tests {
             implementation: implementation::lookup(implementation).expect("known"),
             slots,
             ssh_auth_mount_path: "/root/.ssh".into(),
+            ssh_private_key_mode: crate::mpi::SSH_PRIVATE_KEY_FILE_MODE_TRAINER,
             run_launcher_as_node: launcher_as_node,
             node_count: None,
             pod_sets: pod_sets

@@ -54,11 +54,18 @@ pub const SSH_PUBLIC_KEY_FILE: &str = "id_rsa.pub";
 pub const SSH_AUTHORIZED_KEYS_FILE: &str = "authorized_keys";
 /// `defaultMode` of the Secret volume: 0o400.
 pub const SSH_AUTH_DEFAULT_MODE: i32 = 0o400;
-/// Mode of the private key file: 0o600, not upstream's 0o640. Proven on real launchers
+/// Mode of the private key file in TrainJob mode: upstream's 0o640, byte for byte (Decision 16).
+/// Kubeflow Trainer re-applies its own JobSet while it is suspended; any other value there would
+/// be a change to `replicatedJobs`, which JobSet's webhook rejects, and the job would never
+/// resume. Trainer's runtimes run the launcher as a non-root user with `fsGroup`, which this
+/// mode serves.
+pub const SSH_PRIVATE_KEY_FILE_MODE_TRAINER: i32 = 0o640;
+/// Mode of the private key file in JobSet mode: 0o600 (Decision 18). Proven on real launchers
 /// (tests/mpi_launchers): a launcher running as the file's owner (root, as kubelet writes Secret
 /// files) has ssh refuse a group-readable key ("UNPROTECTED PRIVATE KEY FILE"). With `fsGroup`,
-/// kubelet still adds group read (0o640, group fsGroup), so non-root users keep working.
-pub const SSH_PRIVATE_KEY_FILE_MODE: i32 = 0o600;
+/// kubelet still adds group read (0o640, group fsGroup), so non-root users keep working. No
+/// Trainer re-applies a JobSet-mode JobSet, so nothing constrains this value to upstream's.
+pub const SSH_PRIVATE_KEY_FILE_MODE_STRICT: i32 = 0o600;
 /// Mode of the public key files: 0o644.
 pub const SSH_PUBLIC_KEY_FILE_MODE: i32 = 0o644;
 /// Secret type of the SSH auth Secret.

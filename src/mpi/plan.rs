@@ -6,7 +6,7 @@ use crate::api::resources::ResourceRequirements;
 use crate::api::{MpiPolicySource, ReplicatedJob, TrainJob, TrainingRuntime};
 
 use super::implementation::{self, Implementation};
-use super::{ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE};
+use super::{ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE, SSH_PRIVATE_KEY_FILE_MODE_TRAINER};
 
 /// Why no plan can be made for an MPI runtime.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,6 +36,9 @@ pub struct MpiPlan {
     pub slots: i64,
     /// Where the SSH Secret is mounted.
     pub ssh_auth_mount_path: String,
+    /// Mode of the projected private key file (`id_rsa`): upstream's in TrainJob mode
+    /// (Decision 16), 0o600 in JobSet mode (Decision 18).
+    pub ssh_private_key_mode: i32,
     /// Whether the launcher is also listed in the hostfile.
     pub run_launcher_as_node: bool,
     /// The `node` replicatedJob's parallelism/completions, when the TrainJob sets numNodes.
@@ -85,6 +88,7 @@ impl MpiPlan {
             implementation,
             slots: slots(train_job, mpi, &template.replicated_jobs),
             ssh_auth_mount_path: mpi.ssh_auth_mount_path().to_string(),
+            ssh_private_key_mode: SSH_PRIVATE_KEY_FILE_MODE_TRAINER,
             run_launcher_as_node,
             node_count,
             pod_sets,

@@ -134,9 +134,8 @@ pub fn ssh_volume(tj: &str) -> Value {
             "secretName": format!("{tj}-mpi-ssh-auth"),
             "defaultMode": 256,
             "items": [
-                // 0o600, not upstream's 0o640: ssh refuses a group-readable key of its own user
-                // (found by tests/mpi_launchers).
-                {"key": "ssh-privatekey", "path": "id_rsa", "mode": 384},
+                // Upstream's 0o640 in TrainJob mode (Decision 16): Trainer re-applies this JobSet.
+                {"key": "ssh-privatekey", "path": "id_rsa", "mode": 416},
                 {"key": "ssh-publickey", "path": "id_rsa.pub", "mode": 420},
                 {"key": "ssh-publickey", "path": "authorized_keys", "mode": 420}
             ]

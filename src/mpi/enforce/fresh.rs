@@ -260,7 +260,7 @@ pub fn enforce_fresh(plan: &MpiPlan, jobset: &JobSetView<'_>) -> Option<PatchJso
     let mut patch = PatchWriter::new();
     // Built once, written into every replicatedJob that gets them.
     let volumes = (
-        SshAuthVolume::new(&plan.train_job),
+        SshAuthVolume::new(plan),
         HostfileVolume::new(&plan.train_job),
     );
     let rjobs = jobset

@@ -11,8 +11,8 @@ use super::super::plan::MpiPlan;
 use super::super::{
     HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_VOLUME, SSH_AUTH_DEFAULT_MODE,
     SSH_AUTH_VOLUME, SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY, SSH_PRIVATE_KEY_FILE,
-    SSH_PRIVATE_KEY_FILE_MODE, SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE,
-    hostfile_configmap_name, ssh_secret_name,
+    SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE, hostfile_configmap_name,
+    ssh_secret_name,
 };
 
 /// A `KeyToPath` of a Secret or ConfigMap volume.
@@ -72,18 +72,19 @@ pub struct EnvVar {
 }
 
 impl SshAuthVolume {
-    /// The volume of TrainJob `train_job`'s SSH Secret.
-    pub fn new(train_job: &str) -> Self {
+    /// The volume of the SSH Secret of `plan` (named after its TrainJob), with the plan's mode
+    /// for the private key.
+    pub fn new(plan: &MpiPlan) -> Self {
         Self {
             name: SSH_AUTH_VOLUME,
             secret: SecretSource {
-                secret_name: ssh_secret_name(train_job),
+                secret_name: ssh_secret_name(&plan.train_job),
                 default_mode: SSH_AUTH_DEFAULT_MODE,
                 items: [
                     KeyToPath {
                         key: SSH_PRIVATE_KEY,
                         path: SSH_PRIVATE_KEY_FILE,
-                        mode: SSH_PRIVATE_KEY_FILE_MODE,
+                        mode: plan.ssh_private_key_mode,
                     },
                     KeyToPath {
                         key: SSH_PUBLIC_KEY,
