@@ -562,7 +562,67 @@ async fn three_reads(route: Route, body: &Value, objects: &Snapshot) -> Result<V
         .map(|r| r.json());
     assert_eq!(served, whole, "served and whole reads answer alike");
     assert_eq!(projected, whole, "projected and whole reads answer alike");
+    if let Ok(response) = &whole {
+        assert_patch_applies(body, response);
+    }
     whole
+}
+
+/// A patch the webhook returns applies to the object it was computed for: the kube-apiserver
+/// fails the user's request with an internal error otherwise (issue 18).
+fn assert_patch_applies(review: &Value, response: &Value) {
+    let Some(patch) = response["response"]["patch"].as_str() else {
+        return;
+    };
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(patch)
+        .expect("patch is base64");
+    let patch: json_patch::Patch = serde_json::from_slice(&bytes).expect("patch is a JSON Patch");
+    let mut object = review["request"]["object"].clone();
+    if let Err(e) = json_patch::patch(&mut object, &patch) {
+        panic!("the returned patch does not apply: {e}\npatch: {patch:?}");
+    }
+}
+
+/// Issue 18: a pod template `spec` that is an array, at any depth, is denied naming the field;
+/// it never gets a patch that cannot apply.
+#[tokio::test]
+async fn an_array_where_the_pod_spec_belongs_is_denied_at_any_depth() {
+    let sample = format!(
+        "{}/manifests/samples/reviews/jobset-create-owned-by-trainjob.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let review: Value =
+        serde_json::from_str(&std::fs::read_to_string(&sample).expect("sample")).expect("JSON");
+    let objects = Snapshot::load_dir(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/manifests"
+    )))
+    .expect("manifests load");
+    let rjobs = review["request"]["object"]["spec"]["replicatedJobs"]
+        .as_array()
+        .expect("replicatedJobs");
+    let node = rjobs
+        .iter()
+        .position(|r| r["name"] == "node")
+        .expect("a node replicatedJob");
+    for depth in [1, 100] {
+        let nested = (0..depth).fold(json!([]), |inner, _| json!([inner]));
+        let mut body = review.clone();
+        body["request"]["object"]["spec"]["replicatedJobs"][node]["template"]["spec"]["template"]
+            ["spec"] = nested;
+        let response = three_reads(Route::MutateJobSet, &body, &objects)
+            .await
+            .expect("an AdmissionReview");
+        assert_eq!(response["response"]["allowed"], false, "depth {depth}");
+        assert_eq!(
+            response["response"]["status"]["message"],
+            format!(
+                r#"JobSet cannot be patched: spec.replicatedJobs[{node}].template.spec.template.spec: Invalid value: "array": must be an object"#
+            ),
+            "depth {depth}"
+        );
+    }
 }
 
 /// Every location of `body`, removed or replaced by a value of each JSON type, gets the same

@@ -1,4 +1,4 @@
-//! The JobSet mutation (spec section C, interface.md "The JobSet mutation"): RFC 6902 operations
+//! The JobSet mutation (spec section C: what Trainer's controller puts into the JobSet for MPI): RFC 6902 operations
 //! on the raw JobSet JSON at the paths the MPI policy owns, and nowhere else.
 //!
 //! The user's object is never round-tripped through typed structs: every operation is computed
@@ -198,7 +198,10 @@ impl Patcher {
                         return Ok(());
                     }
                 }
-                Some(Value::Array(_)) => {}
+                // An array only where the path indexes into one (the replicatedJobs and the
+                // lists the policy upserts into); an array where a member name follows is the
+                // wrong type, not a place to write (issue 18: a patch that would not apply).
+                Some(Value::Array(_)) if matches!(path[depth], Token::Index(_) | Token::End) => {}
                 other => return Err(wrong_type(parent, other, "an object")),
             }
         }
@@ -312,11 +315,7 @@ fn enforce_replicated_job(
     // C.3: volumes, by name.
     let pod_spec = child(rjob_path, &keys(["template", "spec", "template", "spec"]));
     let volumes = child(&pod_spec, &keys(["volumes"]));
-    patcher.upsert(
-        &volumes,
-        "name",
-        to_value(&SshAuthVolume::new(&plan.train_job)),
-    )?;
+    patcher.upsert(&volumes, "name", to_value(&SshAuthVolume::new(plan)))?;
     if is_launcher {
         patcher.upsert(
             &volumes,
