@@ -129,7 +129,7 @@ impl ServeOptions {
     }
 }
 
-/// Where `serve` reads TrainJobs and runtimes from (interface.md "Where objects come from").
+/// Where `serve` reads TrainJobs and runtimes from (`--objects-dir`, the cluster, or the shipped runtimes).
 #[derive(Debug)]
 pub enum ServeObjects {
     /// `--objects-dir DIR`, reloaded on change.

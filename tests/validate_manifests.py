@@ -7,7 +7,7 @@ CRD overlay and manifests/runtimes/, then validates each object:
 * Kubernetes built-in kinds: strict JSON-schema validation (unknown fields are errors) with the
   `kubernetes-validate` package, for every version in KUBERNETES_VERSIONS.
 * Kinds defined by a CRD we have (ClusterTrainingRuntime from the rendered, patched CRDs; TrainJob
-  and JobSet from ../shared/upstream when present): the CRD's openAPIV3Schema, made strict the way
+  and JobSet from the upstream CRDs in tests/fixtures/upstream/): the CRD's openAPIV3Schema, made strict the way
   the API server prunes (an unknown field is an error here). CEL rules are not evaluated.
 * Other kinds (cert-manager's Issuer and Certificate): no schema is shipped, so only apiVersion,
   kind and metadata.name are checked; the script says so.
@@ -38,7 +38,7 @@ KUBERNETES_VALIDATE_VERSION = "1.37.0"
 
 REPO = Path(__file__).resolve().parent.parent
 MANIFESTS = REPO / "manifests"
-UPSTREAM = Path(os.environ.get("MPI_WEBHOOK_UPSTREAM_DIR", REPO.parent / "shared" / "upstream"))
+UPSTREAM = REPO / "tests" / "fixtures" / "upstream"
 UPSTREAM_CRDS = (
     "kubeflow-trainer/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml",
     "jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
@@ -143,11 +143,8 @@ def main() -> int:
         sources.append((f"{path.relative_to(REPO)} request.object", review["request"]["object"]))
 
     crds = [doc for _, doc in sources if doc.get("kind") == "CustomResourceDefinition"]
-    if UPSTREAM.is_dir():
-        for rel in UPSTREAM_CRDS:
-            crds.extend(d for d in yaml.safe_load_all((UPSTREAM / rel).read_text()) if d)
-    else:
-        print(f"note: {UPSTREAM} not found: TrainJob and JobSet objects are only parsed, not schema-checked")
+    for rel in UPSTREAM_CRDS:
+        crds.extend(d for d in yaml.safe_load_all((UPSTREAM / rel).read_text()) if d)
     by_kind = crd_schemas(crds)
 
     passed = failed = 0

@@ -31,7 +31,7 @@ use crate::objects::ObjectSource;
 use crate::objects::dir::from_value;
 use crate::raw_json::RawJson;
 
-/// The HTTPS admission routes of `serve` (interface.md).
+/// The HTTPS admission routes of `serve` (the product contract: these paths are fixed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Route {
     /// Validate TrainJob (CREATE, UPDATE).
@@ -54,7 +54,7 @@ pub enum Verb {
 }
 
 impl Route {
-    /// Every route, in the order of interface.md.
+    /// Every route, in the order the README lists them.
     pub const ALL: [Route; 4] = [
         Route::ValidateTrainJob,
         Route::ValidateTrainingRuntime,
@@ -525,7 +525,7 @@ async fn decide<S: ObjectSource>(
 pub const INTERNAL_ERROR_MESSAGE: &str =
     "mpi-webhook could not evaluate this request; its logs have the details";
 
-/// Denies `response` the way every mpi-webhook denial reads (interface.md): `allowed: false`,
+/// Denies `response` the way every mpi-webhook denial reads (the product contract): `allowed: false`,
 /// `status.code` 403, `status.reason` Forbidden and the message. kube-core's `deny` alone leaves
 /// the code and reason empty.
 fn forbid(response: AdmissionResponse, message: &str) -> AdmissionResponse {

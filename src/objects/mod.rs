@@ -1,4 +1,4 @@
-//! Where TrainJobs and runtimes come from (interface.md "Where objects come from").
+//! Where TrainJobs and runtimes come from (`--objects-dir`, the cluster, or the shipped runtimes).
 //!
 //! The admission logic asks an [`ObjectSource`]; [`Snapshot`] is the in-memory implementation
 //! loaded from `--objects-dir` (see [`dir`]), and the cluster implementation wraps watch-backed

@@ -90,7 +90,7 @@ fn parse_ranks(stdout: &str) -> Vec<Rank> {
         .collect()
 }
 
-/// `host -> slots` from the hostfile, in the format of the implementation (mpi-policy.md, Decision 5).
+/// `host -> slots` from the hostfile, in the format of the implementation (Decision 5: `host slots=N` for Open MPI, `host:N` for Hydra).
 fn parse_hostfile(implementation: &str, text: &str) -> Result<Vec<(String, u32)>> {
     let mut hosts = Vec::new();
     for line in text

@@ -1,5 +1,5 @@
 //! mpi-webhook's side of the test: the Kubeflow objects a user and Trainer's controller create,
-//! run through the product's own CLI (`render`, `review mutate`), exactly as interface.md says.
+//! run through the product's own CLI (`render`, `review mutate`), exactly as a user runs them.
 
 use std::path::Path;
 use std::process::Command;

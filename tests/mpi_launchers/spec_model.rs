@@ -1,5 +1,5 @@
 //! Development stand-in for the product, selected with `MPI_LAUNCHERS_PRODUCT=spec` (refused under
-//! CI): the Secret, hostfile and JobSet changes written by hand from mpi-policy.md (sections C, D
+//! CI): the Secret, hostfile and JobSet changes written by hand from the behaviour spec (sections C, D
 //! and Decision 5) *with the three changes this test showed the launchers need* (marked
 //! "issue 7" below). It lets a failure be told apart: the spec (or the environment) vs. the
 //! implementation. Never the default.

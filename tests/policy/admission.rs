@@ -470,7 +470,7 @@ async fn runtime_routes_validate_runtimes() {
         response["response"]["status"]["message"],
         "spec.mlPolicy.mpi.numProcPerNode: Invalid value: 0: NumProcPerNode in mpiPolicy must be >= 1"
     );
-    let ok = upstream("kubeflow-trainer/manifests/base/runtimes/deepspeed_distributed.yaml");
+    let ok = upstream_runtime("deepspeed_distributed.yaml");
     let body = admission_review(
         ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime"),
         "CREATE",

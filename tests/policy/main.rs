@@ -1,4 +1,4 @@
-//! Policy tests: every behaviour of ../shared/spec/mpi-policy.md (upstream cases E.1-E.3 and the
+//! Policy tests: every behaviour of the MPI policy (upstream's own MPI test cases and the
 //! Decisions) asserted on exact outputs, through the library's pure API. No network.
 
 mod admission;

@@ -12,9 +12,7 @@ use serde_json::{Value, json};
 use super::support::*;
 
 fn upstream_runtime(name: &str) -> Value {
-    upstream(&format!(
-        "kubeflow-trainer/manifests/base/runtimes/{name}_distributed.yaml"
-    ))
+    super::support::upstream_runtime(&format!("{name}_distributed.yaml"))
 }
 
 fn pi(trainer: Value) -> Value {

@@ -189,9 +189,10 @@ pub fn job_spec<'a>(jobset: &'a Value, name: &str) -> &'a Value {
         .expect("replicatedJob")["template"]["spec"]
 }
 
-/// Loads an upstream file from ../shared/upstream.
-pub fn upstream(path: &str) -> Value {
-    let full = format!("{}/../shared/upstream/{path}", env!("CARGO_MANIFEST_DIR"));
+/// Loads one of Kubeflow Trainer's runtimes, which the repository ships verbatim under
+/// `manifests/runtimes/` (checked against upstream's digests by `tests/manifests.rs`).
+pub fn upstream_runtime(file: &str) -> Value {
+    let full = format!("{}/manifests/runtimes/{file}", env!("CARGO_MANIFEST_DIR"));
     let text = std::fs::read_to_string(&full).unwrap_or_else(|e| panic!("{full}: {e}"));
     serde_saphyr::from_str(&text).expect("upstream YAML parses")
 }

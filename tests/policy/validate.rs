@@ -299,7 +299,7 @@ fn runtime_ancestor_rules() {
 #[test]
 fn upstream_runtimes_are_valid() {
     for file in ["deepspeed_distributed.yaml", "mlx_distributed.yaml"] {
-        let rt = upstream(&format!("kubeflow-trainer/manifests/base/runtimes/{file}"));
+        let rt = upstream_runtime(file);
         assert_eq!(
             check_runtime(&rt, RuntimeKind::ClusterTrainingRuntime, false),
             None,
