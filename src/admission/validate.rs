@@ -5,7 +5,7 @@ use kube::core::admission::{AdmissionRequest, Operation};
 
 use crate::api::{RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
-use crate::mpi::validate::{validate_runtime, validate_train_job};
+use crate::mpi::validate::{trainer_support_warning, validate_runtime, validate_train_job};
 use crate::objects::ObjectSource;
 use crate::raw_json::RawJson;
 
@@ -97,7 +97,10 @@ pub(super) async fn train_job<S: ObjectSource>(
     let errors = validate_train_job(&train_job, &raw, &runtime, kind);
     Verdict {
         denial: aggregate(&errors),
-        warnings: deprecation_warning(kind, &runtime).into_iter().collect(),
+        warnings: deprecation_warning(kind, &runtime)
+            .into_iter()
+            .chain(trainer_support_warning(&runtime))
+            .collect(),
         ..Verdict::default()
     }
 }
@@ -118,8 +121,9 @@ pub(super) fn runtime(
         kind,
         req.operation == Operation::Update,
     );
-    match aggregate(&errors) {
-        Some(message) => Verdict::deny(message),
-        None => Verdict::allow(),
+    Verdict {
+        denial: aggregate(&errors),
+        warnings: trainer_support_warning(&runtime).into_iter().collect(),
+        ..Verdict::default()
     }
 }

@@ -2,7 +2,9 @@
 //! Decisions) asserted on exact outputs, through the library's pure API. No network.
 
 mod admission;
+mod coexistence;
 mod enforce;
 mod render;
+mod ssa;
 mod support;
 mod validate;
