@@ -235,6 +235,28 @@ async fn unreadable_object_is_denied_naming_the_field() {
     );
 }
 
+/// Found by the `validation` fuzz target: an object that is not a JSON object at all is denied
+/// naming `request.object`, not with serde's bare message (and an array is not read as a struct).
+#[tokio::test]
+async fn an_object_unreadable_as_a_whole_is_denied_naming_request_object() {
+    for (object, expected) in [
+        (
+            json!(2147483647),
+            "TrainJob cannot be read: request.object: invalid type: number, expected a JSON object",
+        ),
+        (
+            json!(["spec"]),
+            "TrainJob cannot be read: request.object: invalid type: array, expected a JSON object",
+        ),
+    ] {
+        let mut review = admission_review(TRAINJOB, "CREATE", train_job(json!({})));
+        review["request"]["object"] = object;
+        let response = respond(Route::ValidateTrainJob, &review, &Snapshot::default()).await;
+        assert_eq!(response["response"]["allowed"], false);
+        assert_eq!(response["response"]["status"]["message"], expected);
+    }
+}
+
 #[tokio::test]
 async fn jobset_owned_by_an_mpi_trainjob_is_patched_once() {
     let (js, objects) = mpi_jobset(json!({"numNodes": 3}));
