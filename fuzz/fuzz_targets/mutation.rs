@@ -43,7 +43,10 @@ fuzz_target!(|data: &[u8]| {
     let body = serde_json::to_vec(&again).expect("a Value serializes");
     let second = answer(Route::MutateJobSet, &body).expect("the patched review is a review");
     let second = check_response(&second);
-    assert_eq!(second["allowed"], true, "the patched JobSet is admitted: {second}");
+    assert_eq!(
+        second["allowed"], true,
+        "the patched JobSet is admitted: {second}"
+    );
     assert!(
         second.get("patch").is_none(),
         "a second pass returns a patch: {:?}",
@@ -74,15 +77,54 @@ fuzz_target!(|data: &[u8]| {
 /// What the policy writes: the worker counts, and the pod specs' volumes and the containers'
 /// mounts and env (`*` is any index).
 const OWNED: &[&[&str]] = &[
-    &["spec", "replicatedJobs", "*", "template", "spec", "parallelism"],
-    &["spec", "replicatedJobs", "*", "template", "spec", "completions"],
-    &["spec", "replicatedJobs", "*", "template", "spec", "template", "spec", "volumes"],
     &[
-        "spec", "replicatedJobs", "*", "template", "spec", "template", "spec", "containers", "*",
+        "spec",
+        "replicatedJobs",
+        "*",
+        "template",
+        "spec",
+        "parallelism",
+    ],
+    &[
+        "spec",
+        "replicatedJobs",
+        "*",
+        "template",
+        "spec",
+        "completions",
+    ],
+    &[
+        "spec",
+        "replicatedJobs",
+        "*",
+        "template",
+        "spec",
+        "template",
+        "spec",
+        "volumes",
+    ],
+    &[
+        "spec",
+        "replicatedJobs",
+        "*",
+        "template",
+        "spec",
+        "template",
+        "spec",
+        "containers",
+        "*",
         "volumeMounts",
     ],
     &[
-        "spec", "replicatedJobs", "*", "template", "spec", "template", "spec", "containers", "*",
+        "spec",
+        "replicatedJobs",
+        "*",
+        "template",
+        "spec",
+        "template",
+        "spec",
+        "containers",
+        "*",
         "env",
     ],
 ];

@@ -60,7 +60,8 @@ struct Counts {
 }
 
 fuzz_target!(|c: Counts| {
-    let implementation = IMPLEMENTATIONS[usize::from(c.implementation) % IMPLEMENTATIONS.len()].name;
+    let implementation =
+        IMPLEMENTATIONS[usize::from(c.implementation) % IMPLEMENTATIONS.len()].name;
     let name: String = "j".repeat(usize::from(c.name_len % 64).max(1));
     let subdomain: String = "s".repeat(usize::from(c.subdomain_len % 64));
     let trainer_label = json!({"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"});
@@ -123,7 +124,11 @@ fuzz_target!(|c: Counts| {
     );
     match built {
         Ok(text) => {
-            assert_eq!(text.len() as u128, expected, "hostfile_len predicts the size");
+            assert_eq!(
+                text.len() as u128,
+                expected,
+                "hostfile_len predicts the size"
+            );
             assert!(expected <= u128::from(HOSTFILE_MAX_BYTES));
         }
         Err(too_large) => {

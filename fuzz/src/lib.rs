@@ -124,29 +124,89 @@ pub fn check_response(reviewed: &Reviewed) -> Value {
 /// The JSON Patch of a response, if it has one.
 pub fn patch_of(response: &Value) -> Option<json_patch::Patch> {
     let text = response.get("patch")?.as_str()?;
-    let bytes = base64::engine::general_purpose::STANDARD.decode(text).ok()?;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 
 /// Member names the policy reads, so that edits reach the code that reads them.
 const KEYS: &[&str] = &[
-    "metadata", "name", "namespace", "uid", "labels", "annotations", "ownerReferences", "kind",
-    "apiVersion", "controller", "spec", "replicatedJobs", "replicas", "template", "parallelism",
-    "completions", "containers", "volumes", "volumeMounts", "mountPath", "env", "value",
-    "resources", "limits", "requests", "nvidia.com/gpu", "node", "launcher", "network",
-    "subdomain", "enableDNSHostnames", "dependsOn", "status", "trainer", "numNodes",
-    "numProcPerNode", "runtimeRef", "mlPolicy", "mpi", "mpiImplementation", "sshAuthMountPath",
-    "runLauncherAsNode", "trainer.kubeflow.org/trainjob-ancestor-step",
-    "mpi-webhook.io/implementation", "mpi-webhook.io/slots-per-node",
-    "mpi-webhook.io/ssh-auth-mount-path", "mpi-webhook.io/run-launcher-as-node",
+    "metadata",
+    "name",
+    "namespace",
+    "uid",
+    "labels",
+    "annotations",
+    "ownerReferences",
+    "kind",
+    "apiVersion",
+    "controller",
+    "spec",
+    "replicatedJobs",
+    "replicas",
+    "template",
+    "parallelism",
+    "completions",
+    "containers",
+    "volumes",
+    "volumeMounts",
+    "mountPath",
+    "env",
+    "value",
+    "resources",
+    "limits",
+    "requests",
+    "nvidia.com/gpu",
+    "node",
+    "launcher",
+    "network",
+    "subdomain",
+    "enableDNSHostnames",
+    "dependsOn",
+    "status",
+    "trainer",
+    "numNodes",
+    "numProcPerNode",
+    "runtimeRef",
+    "mlPolicy",
+    "mpi",
+    "mpiImplementation",
+    "sshAuthMountPath",
+    "runLauncherAsNode",
+    "trainer.kubeflow.org/trainjob-ancestor-step",
+    "mpi-webhook.io/implementation",
+    "mpi-webhook.io/slots-per-node",
+    "mpi-webhook.io/ssh-auth-mount-path",
+    "mpi-webhook.io/run-launcher-as-node",
     "mpi-webhook.io/container",
 ];
 
 /// Strings worth trying where the policy compares values.
 const STRINGS: &[&str] = &[
-    "", "node", "launcher", "OpenMPI", "Intel", "MPICH", "true", "false", "0", "1", "-1",
-    "99999999999", "/root/.ssh", "relative", "TrainJob", "trainer.kubeflow.org/v1alpha1",
-    "trainer", "1500m", "4", "Ready", "mpi-ssh-auth", "mpi-hostfile", "/etc/mpi",
+    "",
+    "node",
+    "launcher",
+    "OpenMPI",
+    "Intel",
+    "MPICH",
+    "true",
+    "false",
+    "0",
+    "1",
+    "-1",
+    "99999999999",
+    "/root/.ssh",
+    "relative",
+    "TrainJob",
+    "trainer.kubeflow.org/v1alpha1",
+    "trainer",
+    "1500m",
+    "4",
+    "Ready",
+    "mpi-ssh-auth",
+    "mpi-hostfile",
+    "/etc/mpi",
 ];
 
 /// A key: mostly one the policy reads, sometimes arbitrary.
@@ -176,7 +236,12 @@ pub fn arbitrary_json(u: &mut Unstructured<'_>, depth: u32) -> Result<Value> {
             i64::MIN
         ])?),
         3 => json!(u.arbitrary::<i64>()?),
-        4 => json!(u.arbitrary::<f64>().ok().filter(|f| f.is_finite()).unwrap_or(2.5)),
+        4 => json!(
+            u.arbitrary::<f64>()
+                .ok()
+                .filter(|f| f.is_finite())
+                .unwrap_or(2.5)
+        ),
         5 => {
             if u.ratio(3, 4)? {
                 json!(*u.choose(STRINGS)?)
