@@ -87,12 +87,14 @@ pub const API_CALLS: &[ApiCall] = &[
         namespaced_to_own_namespace: false,
     },
     // The hostfile ConfigMap is server-side applied (PATCH with field manager `mpi-webhook`; an
-    // apply that creates the object also needs `create`). Label-selected list/watch; never a GET.
+    // apply that creates the object also needs `create`). Label-selected list/watch. A GET only
+    // when Kubeflow Trainer's manager refused our apply: its ConfigMap carries none of our labels
+    // (so it is not in the cache), and the Warning Event names the size of its hostfile.
     ApiCall {
         component: RECONCILE,
         group: "",
         resource: "configmaps",
-        verbs: &["list", "watch", "create", "patch"],
+        verbs: &["get", "list", "watch", "create", "patch"],
         namespaced_to_own_namespace: false,
     },
     // Events on TrainJobs (kube-runtime Recorder: CREATE, then PATCH to count a repeated one).
