@@ -1,6 +1,7 @@
 //! The one list of Kubernetes API calls mpi-webhook makes: every kube API call in the code must be
 //! listed here, and the RBAC in `manifests/base/rbac.yaml` grants exactly these verbs (checked by
-//! `tests/manifests.rs`).
+//! `tests/manifests.rs`). It also lists the permissions an admission plugin checks on our writes
+//! (`trainjobs/finalizers`), each with its reason: they are what the calls need to succeed.
 //!
 //! Pure data, no I/O. `serve` and `reconcile` run as two containers of one pod, so they share the
 //! ServiceAccount `mpi-webhook`; the manifests still split the grants into one ClusterRole (and, for
@@ -95,6 +96,17 @@ pub const API_CALLS: &[ApiCall] = &[
         group: "",
         resource: "configmaps",
         verbs: &["get", "list", "watch", "create", "patch"],
+        namespaced_to_own_namespace: false,
+    },
+    // No call is made on this subresource: the OwnerReferencesPermissionEnforcement admission
+    // plugin (OpenShift, hardened clusters) requires `update` on `<owner>/finalizers` from whoever
+    // creates or applies an object whose ownerReference sets `blockOwnerDeletion: true`, as the
+    // Secret and the ConfigMap do for their TrainJob. Without it those writes are refused there.
+    ApiCall {
+        component: RECONCILE,
+        group: "trainer.kubeflow.org",
+        resource: "trainjobs/finalizers",
+        verbs: &["update"],
         namespaced_to_own_namespace: false,
     },
     // Events on TrainJobs (kube-runtime Recorder: CREATE, then PATCH to count a repeated one).
