@@ -203,8 +203,11 @@ fn item_key(item: &Value, keys: &[&str]) -> Vec<(String, String)> {
 }
 
 fn matches_key(item: &Value, key: &[(String, String)]) -> bool {
-    key.iter()
-        .all(|(k, v)| item.get(k).is_some_and(|value| value.to_string() == *v))
+    key.iter().all(|(k, v)| {
+        let want = serde_json::from_str::<Value>(v).ok();
+        item.get(k)
+            .is_some_and(|value| Some(value) == want.as_ref())
+    })
 }
 
 /// The value at `path`, if present.
