@@ -1,6 +1,7 @@
 //! The one list of Kubernetes API calls mpi-webhook makes: every kube API call in the code must be
 //! listed here, and the RBAC in `manifests/base/rbac.yaml` grants exactly these verbs (checked by
-//! `tests/manifests.rs`).
+//! `tests/manifests.rs`). It also lists the permissions an admission plugin checks on our writes
+//! (`trainjobs/finalizers`), each with its reason: they are what the calls need to succeed.
 //!
 //! Pure data, no I/O. `serve` and `reconcile` run as two containers of one pod, so they share the
 //! ServiceAccount `mpi-webhook`; the manifests still split the grants into one ClusterRole (and, for
@@ -87,12 +88,25 @@ pub const API_CALLS: &[ApiCall] = &[
         namespaced_to_own_namespace: false,
     },
     // The hostfile ConfigMap is server-side applied (PATCH with field manager `mpi-webhook`; an
-    // apply that creates the object also needs `create`). Label-selected list/watch; never a GET.
+    // apply that creates the object also needs `create`). Label-selected list/watch. A GET only
+    // when Kubeflow Trainer's manager refused our apply: its ConfigMap carries none of our labels
+    // (so it is not in the cache), and the Warning Event names the size of its hostfile.
     ApiCall {
         component: RECONCILE,
         group: "",
         resource: "configmaps",
-        verbs: &["list", "watch", "create", "patch"],
+        verbs: &["get", "list", "watch", "create", "patch"],
+        namespaced_to_own_namespace: false,
+    },
+    // No call is made on this subresource: the OwnerReferencesPermissionEnforcement admission
+    // plugin (OpenShift, hardened clusters) requires `update` on `<owner>/finalizers` from whoever
+    // creates or applies an object whose ownerReference sets `blockOwnerDeletion: true`, as the
+    // Secret and the ConfigMap do for their TrainJob. Without it those writes are refused there.
+    ApiCall {
+        component: RECONCILE,
+        group: "trainer.kubeflow.org",
+        resource: "trainjobs/finalizers",
+        verbs: &["update"],
         namespaced_to_own_namespace: false,
     },
     // Events on TrainJobs (kube-runtime Recorder: CREATE, then PATCH to count a repeated one).

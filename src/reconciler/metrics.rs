@@ -35,6 +35,7 @@ pub struct ReconcileMetrics {
     failures: Family<ErrorLabel, Counter>,
     duration: Histogram,
     writes: Family<WriteLabel, Counter>,
+    hostfile_conflicts: Counter,
     leader: Gauge,
 }
 
@@ -46,6 +47,7 @@ impl Default for ReconcileMetrics {
             // 1 ms .. ~16 s: a no-op reconcile is sub-millisecond, one with writes a few RTTs.
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             writes: Family::default(),
+            hostfile_conflicts: Counter::default(),
             leader: Gauge::default(),
         }
     }
@@ -54,7 +56,7 @@ impl Default for ReconcileMetrics {
 impl ReconcileMetrics {
     /// New metrics registered into `registry` (expected to carry the `mpi_webhook` prefix):
     /// `reconciles_total`, `reconcile_errors_total{error}`, `reconcile_duration_seconds`,
-    /// `writes_total{object}` and `leader`.
+    /// `writes_total{object}`, `hostfile_conflicts_total` and `leader`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         registry.register(
@@ -76,6 +78,11 @@ impl ReconcileMetrics {
             "writes",
             "Writes to the API server by object kind (secret, configmap)",
             metrics.writes.clone(),
+        );
+        registry.register(
+            "hostfile_conflicts",
+            "Hostfile ConfigMap applies left undone because Kubeflow Trainer's field manager holds different values",
+            metrics.hostfile_conflicts.clone(),
         );
         registry.register(
             "leader",
@@ -104,6 +111,11 @@ impl ReconcileMetrics {
         self.writes.get_or_create(&WriteLabel { object }).inc();
     }
 
+    /// Counts one hostfile ConfigMap left to Kubeflow Trainer (its manager holds other values).
+    pub fn hostfile_conflict(&self) {
+        self.hostfile_conflicts.inc();
+    }
+
     /// Records whether this replica is the leader.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
@@ -117,6 +129,11 @@ impl ReconcileMetrics {
     /// Failed reconciles of one error kind so far.
     pub fn failures(&self, error: &'static str) -> u64 {
         self.failures.get_or_create(&ErrorLabel { error }).get()
+    }
+
+    /// Hostfile conflicts with Kubeflow Trainer so far.
+    pub fn hostfile_conflicts(&self) -> u64 {
+        self.hostfile_conflicts.get()
     }
 
     /// Writes of one object kind so far.

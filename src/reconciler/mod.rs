@@ -1,14 +1,18 @@
 //! `mpi-webhook reconcile`: the only part of mpi-webhook that writes to the cluster.
 //!
 //! For every TrainJob whose runtime has an MPI policy it creates the SSH Secret once (immutable,
-//! never updated or rotated; spec D.1) and server-side applies the hostfile ConfigMap with field
-//! manager `mpi-webhook`, so edits and drift are repaired (D.2). Which TrainJobs get objects, and
+//! never updated or rotated; an existing one, Kubeflow Trainer's or ours, is used as is; spec D.1)
+//! and server-side applies the hostfile ConfigMap with field manager `mpi-webhook`, so edits and
+//! drift are repaired (D.2), but never over Kubeflow Trainer's manager `trainer` (Decision 16): the
+//! apply is sent without `force`, and retried with it only when no conflicting manager is Trainer's.
+//! Which TrainJobs get objects, and
 //! what the ConfigMap holds, is decided by [`crate::render::hostfile_for`], the same code as
 //! `render` and the webhook's JobSet patch (all start from [`crate::mpi::plan::MpiPlan`]).
 //!
 //! [`reconcile`] and [`error_policy`] are the controller's two callbacks; [`run`] wires the
 //! watches, leader election and the probe server.
 
+mod conflict;
 mod leader;
 mod metrics;
 mod run;
@@ -33,7 +37,7 @@ use tokio::sync::watch;
 
 use crate::api::TrainJob;
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
-use crate::mpi::{MANAGER, hostfile_configmap_name, ssh_secret_name};
+use crate::mpi::{HOSTFILE_NAME, MANAGER, hostfile_configmap_name, ssh_secret_name};
 use crate::objects::cluster::ClusterObjects;
 use crate::objects::{LookupError, ObjectSource};
 use crate::render::{Problem, hostfile_for, runtime_ref};
@@ -52,6 +56,11 @@ const RETRY_MAX: Duration = Duration::from_secs(300);
 const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 /// Upstream's Event reason for a TrainJob whose objects could not be built.
 const FAILED_REASON: &str = "TrainJobResourcesCreationFailed";
+/// Event reason for a hostfile ConfigMap left to Kubeflow Trainer (see [`HostfileConflict`]).
+const HOSTFILE_CONFLICT_REASON: &str = "HostfileConflict";
+/// Kubeflow Trainer's field manager: it applies the same hostfile ConfigMap on every reconcile
+/// (with force), so forcing over it would make the two managers overwrite each other forever.
+pub const TRAINER_MANAGER: &str = "trainer";
 
 /// Why one reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -74,6 +83,12 @@ pub enum Error {
     /// Server-side apply of the ConfigMap failed.
     #[error("failed to apply the hostfile ConfigMap: {0}")]
     ApplyConfigMap(#[source] kube::Error),
+    /// Reading Kubeflow Trainer's ConfigMap after a conflict failed.
+    #[error("failed to get the hostfile ConfigMap: {0}")]
+    GetConfigMap(#[source] kube::Error),
+    /// Kubeflow Trainer's manager holds fields of the ConfigMap with other values: left as is.
+    #[error("{0}")]
+    HostfileConflict(HostfileConflict),
     /// This replica stopped being the leader: the reconcile stopped before writing.
     #[error("not the leader")]
     NotLeader,
@@ -90,12 +105,16 @@ impl Error {
             Error::Keys(_) => "keys",
             Error::CreateSecret(_) => "create_secret",
             Error::ApplyConfigMap(_) => "apply_configmap",
+            Error::GetConfigMap(_) => "get_configmap",
+            Error::HostfileConflict(_) => "hostfile_conflict",
             Error::NotLeader => "not_leader",
         }
     }
 
     /// Whether only a change to the TrainJob or its runtime can fix this (no point retrying
-    /// fast). A missing runtime is not: it is often created right after its TrainJob.
+    /// fast). A missing runtime is not: it is often created right after its TrainJob. Nor is a
+    /// conflict with Trainer fixed by retrying: it is retried at the longest delay, in case
+    /// Trainer's text changes.
     fn is_permanent(&self) -> bool {
         matches!(
             self,
@@ -103,7 +122,45 @@ impl Error {
                 Problem::UnsupportedRuntime(_)
                     | Problem::UnsupportedImplementation(_)
                     | Problem::HostfileTooLarge(_)
-            )
+            ) | Error::HostfileConflict(_)
+        )
+    }
+
+    /// The reason of the Warning Event published on the TrainJob.
+    fn event_reason(&self) -> &'static str {
+        match self {
+            Error::HostfileConflict(_) => HOSTFILE_CONFLICT_REASON,
+            _ => FAILED_REASON,
+        }
+    }
+}
+
+/// Kubeflow Trainer's field manager holds fields of the hostfile ConfigMap (normally
+/// `.data.hostfile`) with values other than ours. Both are computed from the same TrainJob, so
+/// this means Trainer's hostfile differs from ours (an implementation or version Trainer words
+/// differently). Trainer re-applies its own on every reconcile, so mpi-webhook leaves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostfileConflict {
+    /// The ConfigMap's name.
+    pub configmap: String,
+    /// The conflicting field paths, as the API server names them (`.data.hostfile`).
+    pub fields: Vec<String>,
+    /// Bytes of our `data.hostfile`.
+    pub ours: usize,
+    /// Bytes of the stored `data.hostfile` (0 when absent).
+    pub theirs: usize,
+}
+
+impl std::fmt::Display for HostfileConflict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ConfigMap {}: Kubeflow Trainer's field manager \"{TRAINER_MANAGER}\" holds {} with \
+             other values, left as is: our hostfile is {} bytes, Trainer's is {} bytes",
+            self.configmap,
+            self.fields.join(", "),
+            self.ours,
+            self.theirs
         )
     }
 }
@@ -327,7 +384,7 @@ pub async fn reconcile(train_job: Arc<TrainJob>, ctx: Arc<Context>) -> Result<Ac
         Err(Error::NotLeader) => Ok(Action::await_change()),
         Err(error) => {
             let note = error.to_string();
-            ctx.publish(&train_job, EventType::Warning, FAILED_REASON, note)
+            ctx.publish(&train_job, EventType::Warning, error.event_reason(), note)
                 .await;
             Err(error)
         }
@@ -427,6 +484,11 @@ async fn ensure_secret(train_job: &TrainJob, ctx: &Context) -> Result<bool, Erro
 /// Server-side applies the ConfigMap unless the cached one already has every field we own, or
 /// we applied exactly this one and the watch has not shown it yet ([`AppliedConfigMaps`]).
 /// Returns whether it applied.
+///
+/// The apply is sent without `force`. When another manager holds a field with another value the
+/// API server refuses it (409): if none of those managers is Kubeflow Trainer's, the apply is
+/// sent again with `force`, which takes the fields over (a `kubectl edit` is repaired); if one is,
+/// nothing is written and the conflict is returned ([`Error::HostfileConflict`]).
 async fn apply_configmap(desired: &ConfigMap, ctx: &Context) -> Result<bool, Error> {
     let namespace = desired.metadata.namespace.as_deref().unwrap_or_default();
     let name = desired.metadata.name.as_deref().unwrap_or_default();
@@ -442,19 +504,80 @@ async fn apply_configmap(desired: &ConfigMap, ctx: &Context) -> Result<bool, Err
     ctx.ensure_leader()?;
     // Before sending: the watch event of this apply may arrive before its response.
     ctx.applied.expect(key.clone(), desired);
-    let result = Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
-        .patch(
-            name,
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(desired),
-        )
-        .await;
+    let result = apply_with(desired, ctx, false).await;
+    let result = match result {
+        Err(kube::Error::Api(status)) => match conflict::apply_conflicts(&status) {
+            Some(conflicts) if conflicts.iter().any(|c| c.manager == TRAINER_MANAGER) => {
+                ctx.applied.forget(&key);
+                return Err(trainer_conflict(desired, conflicts, ctx).await);
+            }
+            Some(conflicts) => {
+                tracing::info!(
+                    namespace,
+                    name,
+                    ?conflicts,
+                    "taking over fields others changed"
+                );
+                apply_with(desired, ctx, true).await
+            }
+            None => Err(kube::Error::Api(status)),
+        },
+        other => other,
+    };
     if let Err(error) = result {
         ctx.applied.forget(&key);
         return Err(Error::ApplyConfigMap(error));
     }
     ctx.metrics.write("configmap");
     Ok(true)
+}
+
+async fn apply_with(desired: &ConfigMap, ctx: &Context, force: bool) -> Result<(), kube::Error> {
+    let namespace = desired.metadata.namespace.as_deref().unwrap_or_default();
+    let name = desired.metadata.name.as_deref().unwrap_or_default();
+    let mut params = PatchParams::apply(MANAGER);
+    params.force = force;
+    Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
+        .patch(name, &params, &Patch::Apply(desired))
+        .await
+        .map(drop)
+}
+
+/// Builds the [`Error::HostfileConflict`] for a refused apply: reads the stored hostfile (a GET;
+/// Trainer's ConfigMap carries no label of ours, so it is not in the cache) and counts it.
+async fn trainer_conflict(
+    desired: &ConfigMap,
+    conflicts: Vec<conflict::FieldConflict>,
+    ctx: &Context,
+) -> Error {
+    let namespace = desired.metadata.namespace.as_deref().unwrap_or_default();
+    let name = desired.metadata.name.as_deref().unwrap_or_default();
+    let stored = match Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
+        .get_opt(name)
+        .await
+    {
+        Ok(stored) => stored,
+        Err(error) => return Error::GetConfigMap(error),
+    };
+    let hostfile_len = |configmap: Option<&ConfigMap>| {
+        configmap
+            .and_then(|c| c.data.as_ref())
+            .and_then(|d| d.get(HOSTFILE_NAME))
+            .map_or(0, String::len)
+    };
+    let mut fields: Vec<String> = conflicts
+        .into_iter()
+        .filter(|c| c.manager == TRAINER_MANAGER)
+        .map(|c| c.field)
+        .collect();
+    fields.dedup();
+    ctx.metrics.hostfile_conflict();
+    Error::HostfileConflict(HostfileConflict {
+        configmap: name.to_string(),
+        fields,
+        ours: hostfile_len(Some(desired)),
+        theirs: hostfile_len(stored.as_ref()),
+    })
 }
 
 /// Whether applying `desired` would change nothing: every data key, label and owner reference

@@ -30,7 +30,10 @@ use crate::objects::cluster::{CacheMetrics, ClusterObjects};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const SECRET_URL: &str = "/api/v1/namespaces/team/secrets";
+/// The apply is always sent without `force` first (Decision 16).
 const CONFIGMAP_URL: &str =
+    "/api/v1/namespaces/team/configmaps/pi-mpi-hostfile?&fieldManager=mpi-webhook";
+const CONFIGMAP_FORCE_URL: &str =
     "/api/v1/namespaces/team/configmaps/pi-mpi-hostfile?&force=true&fieldManager=mpi-webhook";
 const EVENTS_URL: &str = "/apis/events.k8s.io/v1/namespaces/team/events?";
 
@@ -226,6 +229,25 @@ impl ApiServer {
         respond(reply, 200, &body);
     }
 
+    /// The apply without force, refused: `manager` (an applier) holds `.data.hostfile`.
+    async fn configmap_apply_conflict(&mut self, manager: &str) {
+        let (body, reply) = self.expect(Method::PATCH, CONFIGMAP_URL).await;
+        assert_eq!(body, expected_configmap());
+        respond(reply, 409, &apply_conflict(manager, ".data.hostfile"));
+    }
+
+    async fn configmap_force_apply(&mut self) {
+        let (body, reply) = self.expect(Method::PATCH, CONFIGMAP_FORCE_URL).await;
+        assert_eq!(body, expected_configmap());
+        respond(reply, 200, &body);
+    }
+
+    async fn configmap_get(&mut self, stored: &Value) {
+        let uri = "/api/v1/namespaces/team/configmaps/pi-mpi-hostfile";
+        let (_, reply) = self.expect(Method::GET, uri).await;
+        respond(reply, 200, stored);
+    }
+
     /// An Event on the TrainJob; returns (type, reason, note).
     /// A repeated Event is a PATCH of the first one's series (the Recorder aggregates).
     async fn event(&mut self) -> (String, String, String) {
@@ -267,6 +289,18 @@ fn status_body(code: u16) -> Value {
     };
     json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
            "message": format!("scripted {code}"), "reason": reason, "code": code})
+}
+
+/// The API server's answer to an apply refused because `manager`, an applier, holds `field`
+/// (k8s.io/apimachinery `managedfields/internal/conflict.go`, `NewConflictError`).
+fn apply_conflict(manager: &str, field: &str) -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+           "message": format!("Apply failed with 1 conflict: conflict with \"{manager}\": {field}"),
+           "reason": "Conflict",
+           "details": {"causes": [{"reason": "FieldManagerConflict",
+                                   "message": format!("conflict with \"{manager}\""),
+                                   "field": field}]},
+           "code": 409})
 }
 
 /// Runs one reconcile against a script; both must finish within [`TIMEOUT`].
@@ -803,4 +837,119 @@ async fn controller_runs_only_while_leading() {
         .await
         .expect("gate returns on shutdown")
         .expect("no panic");
+}
+
+/// A Secret Kubeflow Trainer made first carries no label of ours, so the label-selected cache
+/// misses it; the GET finds it and it is used as is: no key generated, nothing created.
+#[tokio::test]
+async fn unlabelled_secret_made_by_trainer_is_used_as_is() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        ..Caches::default()
+    });
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth");
+        let (_, reply) = api.expect(Method::GET, &uri).await;
+        respond(
+            reply,
+            200,
+            &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                    "metadata": {"name": "pi-mpi-ssh-auth", "namespace": "team",
+                                 "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1",
+                                     "kind": "TrainJob", "name": "pi", "uid": "uid-1",
+                                     "controller": true, "blockOwnerDeletion": true}],
+                                 "managedFields": [{"manager": "trainer", "operation": "Apply",
+                                     "apiVersion": "v1", "fieldsType": "FieldsV1",
+                                     "fieldsV1": {"f:data": {}}}]}}),
+        );
+        api.configmap_apply().await;
+        let (_, _, note) = api.event().await;
+        assert_eq!(note, "Applied ConfigMap pi-mpi-hostfile");
+    })
+    .await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+    assert_eq!(f.metrics.writes("secret"), 0);
+}
+
+/// Somebody other than Trainer (here `kubectl edit`, an updater) changed the hostfile: the
+/// apply without force is refused, and the one with force repairs it.
+#[tokio::test]
+async fn conflict_with_another_manager_is_forced() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        secret: true,
+        ..Caches::default()
+    });
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        let (_, reply) = api.expect(Method::PATCH, CONFIGMAP_URL).await;
+        let mut conflict = apply_conflict("kubectl-edit", ".data.hostfile");
+        conflict["details"]["causes"][0]["message"] =
+            json!("conflict with \"kubectl-edit\" using v1");
+        respond(reply, 409, &conflict);
+        api.configmap_force_apply().await;
+        let (type_, reason, note) = api.event().await;
+        assert_eq!(
+            (type_.as_str(), reason.as_str(), note.as_str()),
+            ("Normal", "Created", "Applied ConfigMap pi-mpi-hostfile")
+        );
+    })
+    .await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+    assert_eq!(
+        (
+            f.metrics.writes("configmap"),
+            f.metrics.hostfile_conflicts()
+        ),
+        (1, 0)
+    );
+}
+
+/// Trainer's manager holds `.data.hostfile` with other text: no forced apply, one Warning
+/// Event naming both sizes, the metric counted, and a retry only at the longest delay.
+#[tokio::test]
+async fn conflict_with_trainer_is_left_reported_counted_and_retried_slowly() {
+    let f = fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        secret: true,
+        ..Caches::default()
+    });
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.configmap_apply_conflict("trainer").await;
+        let mut theirs = expected_configmap();
+        theirs["data"]["hostfile"] = json!("pi-node-0-0.pi slots=1\n");
+        theirs["metadata"]
+            .as_object_mut()
+            .expect("metadata")
+            .remove("labels");
+        api.configmap_get(&theirs).await;
+        let (type_, reason, note) = api.event().await;
+        assert_eq!(
+            (type_.as_str(), reason.as_str(), note.as_str()),
+            (
+                "Warning",
+                "HostfileConflict",
+                "ConfigMap pi-mpi-hostfile: Kubeflow Trainer's field manager \"trainer\" holds \
+                 .data.hostfile with other values, left as is: our hostfile is 73 bytes, \
+                 Trainer's is 23 bytes"
+            )
+        );
+    })
+    .await;
+    let error = result.expect_err("left to Trainer");
+    assert_eq!(error.metric_label(), "hostfile_conflict");
+    assert_eq!(
+        error_policy(Arc::new(train_job()), &error, f.ctx.clone()),
+        Action::requeue(RETRY_MAX)
+    );
+    assert_eq!(
+        (
+            f.metrics.writes("configmap"),
+            f.metrics.hostfile_conflicts()
+        ),
+        (0, 1)
+    );
+    // Not remembered as applied: the next reconcile tries again (without force).
+    let key = ObjectRef::new("pi-mpi-hostfile").within("team");
+    let desired: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
+    assert!(!f.ctx.applied.holds(&key, &desired));
 }

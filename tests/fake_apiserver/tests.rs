@@ -1,0 +1,307 @@
+//! The fake API server's own tests: ownership, conflicts, force, removal, resourceVersion, and
+//! the OwnerReferencesPermissionEnforcement check, against what the real API server does.
+
+use hyper::StatusCode;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use crate::fake_apiserver::authz::{Attributes, Authorizer, owner_references_permission};
+use crate::fake_apiserver::*;
+
+fn key() -> Key {
+    ("team".into(), "pi-mpi-hostfile".into())
+}
+
+fn owner() -> Value {
+    json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "pi",
+           "uid": "uid-1", "controller": true, "blockOwnerDeletion": true})
+}
+
+fn configmap(hostfile: &str, labels: Option<Value>) -> Value {
+    let mut metadata = json!({"name": "pi-mpi-hostfile", "namespace": "team",
+                              "ownerReferences": [owner()]});
+    if let Some(labels) = labels {
+        metadata["labels"] = labels;
+    }
+    json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata,
+           "data": {"hostfile": hostfile}})
+}
+
+fn ours(hostfile: &str) -> Value {
+    configmap(
+        hostfile,
+        Some(json!({"app.kubernetes.io/managed-by": "mpi-webhook"})),
+    )
+}
+
+fn rv(object: &Value) -> &str {
+    str_at(object, "/metadata/resourceVersion").unwrap_or_default()
+}
+
+/// `(manager, operation, fieldsV1)` of each managedFields entry.
+fn managers(object: &Value) -> Vec<(String, String, Value)> {
+    object["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            (
+                e["manager"].as_str().unwrap_or_default().to_string(),
+                e["operation"].as_str().unwrap_or_default().to_string(),
+                e["fieldsV1"].clone(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn apply_records_ownership_as_fields_v1() {
+    let api = FakeApi::new();
+    let (object, created) = api
+        .apply(CONFIGMAPS, key(), ours("a\n"), "mpi-webhook", false)
+        .expect("apply");
+    assert!(created);
+    assert_eq!(
+        managers(&object),
+        [(
+            "mpi-webhook".into(),
+            "Apply".into(),
+            json!({"f:data": {"f:hostfile": {}},
+                   "f:metadata": {"f:labels": {"f:app.kubernetes.io/managed-by": {}},
+                                  "f:ownerReferences": {"k:{\"uid\":\"uid-1\"}": {
+                                      ".": {}, "f:apiVersion": {}, "f:blockOwnerDeletion": {},
+                                      "f:controller": {}, "f:kind": {}, "f:name": {},
+                                      "f:uid": {}}}}})
+        )]
+    );
+    assert_eq!(object["data"], json!({"hostfile": "a\n"}));
+}
+
+#[test]
+fn same_values_are_shared_and_a_repeated_apply_keeps_the_resource_version() {
+    let api = FakeApi::new();
+    let (first, _) = api
+        .apply(CONFIGMAPS, key(), configmap("a\n", None), "trainer", true)
+        .expect("trainer");
+    let (second, _) = api
+        .apply(CONFIGMAPS, key(), ours("a\n"), "mpi-webhook", false)
+        .expect("same text: no conflict");
+    assert_ne!(rv(&first), rv(&second), "our label and ownership are new");
+    let names: Vec<String> = managers(&second).into_iter().map(|m| m.0).collect();
+    assert_eq!(names, ["trainer", "mpi-webhook"]);
+    let (again, _) = api
+        .apply(CONFIGMAPS, key(), configmap("a\n", None), "trainer", true)
+        .expect("trainer again");
+    let (ours_again, _) = api
+        .apply(CONFIGMAPS, key(), ours("a\n"), "mpi-webhook", false)
+        .expect("ours again");
+    assert_eq!((rv(&again), rv(&ours_again)), (rv(&second), rv(&second)));
+    assert_eq!(api.objects(CONFIGMAPS).len(), 1);
+}
+
+#[test]
+fn a_different_value_conflicts_as_the_api_server_words_it() {
+    let api = FakeApi::new();
+    api.apply(CONFIGMAPS, key(), configmap("a\n", None), "trainer", true)
+        .expect("trainer");
+    let error = api
+        .apply(CONFIGMAPS, key(), ours("b\n"), "mpi-webhook", false)
+        .expect_err("conflict");
+    assert_eq!(
+        error.status(),
+        json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
+               "message": "Apply failed with 1 conflict: conflict with \"trainer\": .data.hostfile",
+               "reason": "Conflict", "code": 409,
+               "details": {"causes": [{"reason": "FieldManagerConflict",
+                                       "message": "conflict with \"trainer\"",
+                                       "field": ".data.hostfile"}]}})
+    );
+    let stored = api.get(CONFIGMAPS, &key()).expect("stored");
+    assert_eq!(stored["data"]["hostfile"], "a\n");
+}
+
+#[test]
+fn several_conflicts_are_grouped_by_manager_and_an_updater_is_named_with_its_version() {
+    let api = FakeApi::new();
+    api.apply(CONFIGMAPS, key(), ours("a\n"), "mpi-webhook", false)
+        .expect("ours");
+    api.merge_patch(
+        CONFIGMAPS,
+        key(),
+        &json!({"data": {"hostfile": "edited\n"}}),
+        "kubectl-edit",
+    )
+    .expect("edit");
+    let mut other = ours("c\n");
+    other["metadata"]["labels"]["app.kubernetes.io/managed-by"] = json!("me");
+    let error = api
+        .apply(CONFIGMAPS, key(), other, "other", false)
+        .expect_err("conflicts");
+    assert_eq!(
+        error.message,
+        "Apply failed with 2 conflicts: conflicts with \"kubectl-edit\" using v1:\n\
+         - .data.hostfile\nconflicts with \"mpi-webhook\":\n\
+         - .metadata.labels.app.kubernetes.io/managed-by"
+    );
+    assert_eq!(
+        error.details.expect("details")["causes"][0]["message"],
+        "conflict with \"kubectl-edit\" using v1"
+    );
+}
+
+#[test]
+fn force_takes_the_field_and_the_loser_keeps_the_rest() {
+    let api = FakeApi::new();
+    api.apply(CONFIGMAPS, key(), ours("a\n"), "mpi-webhook", false)
+        .expect("ours");
+    let edited = api
+        .merge_patch(
+            CONFIGMAPS,
+            key(),
+            &json!({"data": {"hostfile": "edited\n"}}),
+            "kubectl-edit",
+        )
+        .expect("edit");
+    assert_eq!(
+        managers(&edited)[1],
+        (
+            "kubectl-edit".into(),
+            "Update".into(),
+            json!({"f:data": {"f:hostfile": {}}})
+        )
+    );
+    let (repaired, _) = api
+        .apply(CONFIGMAPS, key(), ours("a\n"), "mpi-webhook", true)
+        .expect("forced");
+    assert_eq!(repaired["data"]["hostfile"], "a\n");
+    let names: Vec<String> = managers(&repaired).into_iter().map(|m| m.0).collect();
+    assert_eq!(names, ["mpi-webhook"], "kubectl-edit owned nothing else");
+}
+
+#[test]
+fn a_field_the_applier_stops_setting_is_removed_unless_another_manager_owns_it() {
+    let api = FakeApi::new();
+    let mut two = ours("a\n");
+    two["data"]["extra"] = json!("x");
+    two["metadata"]["labels"]["team"] = json!("blue");
+    api.apply(CONFIGMAPS, key(), two, "mpi-webhook", false)
+        .expect("two keys");
+    let (one, _) = api
+        .apply(CONFIGMAPS, key(), ours("a\n"), "mpi-webhook", false)
+        .expect("one key");
+    assert_eq!(one["data"], json!({"hostfile": "a\n"}));
+    assert_eq!(
+        one["metadata"]["labels"],
+        json!({"app.kubernetes.io/managed-by": "mpi-webhook"})
+    );
+
+    // Shared with Trainer: our dropping it leaves it.
+    api.apply(CONFIGMAPS, key(), configmap("a\n", None), "trainer", false)
+        .expect("trainer shares the text");
+    let mut bare = ours("a\n");
+    bare.as_object_mut().expect("object").remove("data");
+    let (left, _) = api
+        .apply(CONFIGMAPS, key(), bare, "mpi-webhook", false)
+        .expect("no data");
+    assert_eq!(left["data"], json!({"hostfile": "a\n"}));
+    // Nobody else owns the label: an empty labels map is gone too.
+    let mut unlabelled = configmap("a\n", None);
+    unlabelled.as_object_mut().expect("object").remove("data");
+    let (gone, _) = api
+        .apply(CONFIGMAPS, key(), unlabelled, "mpi-webhook", false)
+        .expect("no label");
+    assert_eq!(gone["metadata"].get("labels"), None);
+}
+
+#[test]
+fn a_no_op_merge_patch_keeps_the_resource_version() {
+    let api = FakeApi::new();
+    let created = api
+        .create(CONFIGMAPS, Some("team"), ours("a\n"), "mpi-webhook")
+        .expect("create");
+    let patched = api
+        .merge_patch(
+            CONFIGMAPS,
+            key(),
+            &json!({"data": {"hostfile": "a\n"}}),
+            "kubectl-edit",
+        )
+        .expect("patch");
+    assert_eq!(rv(&patched), rv(&created));
+    assert_eq!(
+        managers(&patched)
+            .into_iter()
+            .map(|m| (m.0, m.1))
+            .collect::<Vec<_>>(),
+        [("mpi-webhook".to_string(), "Update".to_string())]
+    );
+}
+
+fn shipped_rbac() -> Authorizer {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base/rbac.yaml");
+    let text = std::fs::read_to_string(path).expect("rbac.yaml");
+    let objects =
+        mpi_webhook::objects::dir::parse_documents(&text, false).expect("rbac.yaml parses");
+    Authorizer::from_rbac(&objects)
+}
+
+fn create_attributes() -> Attributes<'static> {
+    Attributes {
+        verb: "create",
+        group: "",
+        resource: "configmaps",
+        subresource: "",
+        namespace: Some("team"),
+        name: Some("pi-mpi-hostfile"),
+    }
+}
+
+#[test]
+fn the_shipped_rbac_grants_the_reconciler_its_calls_and_nothing_else() {
+    let rbac = shipped_rbac();
+    assert!(rbac.allows(&create_attributes()));
+    let finalizers = Attributes {
+        verb: "update",
+        group: "trainer.kubeflow.org",
+        resource: "trainjobs",
+        subresource: "finalizers",
+        ..create_attributes()
+    };
+    assert!(rbac.allows(&finalizers));
+    let delete = Attributes {
+        verb: "delete",
+        ..create_attributes()
+    };
+    assert!(!rbac.allows(&delete));
+    assert_eq!(
+        Authorizer::forbidden(&delete).message,
+        "configmaps \"pi-mpi-hostfile\" is forbidden: User \
+         \"system:serviceaccount:mpi-webhook:mpi-webhook\" cannot delete resource \
+         \"configmaps\" in API group \"\" in the namespace \"team\""
+    );
+}
+
+#[test]
+fn block_owner_deletion_needs_update_on_the_owners_finalizers() {
+    let rbac = shipped_rbac();
+    let check = |rbac: &Authorizer, new: &Value, old: Option<&Value>| {
+        owner_references_permission(rbac, &create_attributes(), new, old, &resource_of)
+    };
+    assert!(check(&rbac, &ours("a\n"), None).is_ok());
+    let without = shipped_rbac().without(|g| g.resource == "trainjobs/finalizers");
+    let error = check(&without, &ours("a\n"), None).expect_err("refused");
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (
+            StatusCode::FORBIDDEN,
+            "configmaps \"pi-mpi-hostfile\" is forbidden: cannot set blockOwnerDeletion if an \
+             ownerReference refers to a resource you can't set finalizers on: , <nil>"
+        )
+    );
+    // Unchanged owner references (a re-apply) are not checked again.
+    assert!(check(&without, &ours("b\n"), Some(&ours("a\n"))).is_ok());
+    // Without blockOwnerDeletion nothing is needed on create.
+    let mut plain = ours("a\n");
+    plain["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] = json!(false);
+    assert!(check(&without, &plain, None).is_ok());
+}

@@ -1,0 +1,492 @@
+//! The real `mpi-webhook reconcile` process against the fake API server of `fake_apiserver/`
+//! (server-side apply with field ownership, the shipped RBAC of `manifests/base/rbac.yaml` and
+//! the OwnerReferencesPermissionEnforcement admission plugin on), with Kubeflow Trainer's writes
+//! simulated in process: the reconciler never fights Trainer (Decision 16, issue 13).
+//!
+//! Every wait is bounded ([`TIMEOUT`]) and polls the fake's state or the reconciler's
+//! `/metrics`; nothing asserts a duration. The fake's own tests are included at the end.
+
+mod fake_apiserver;
+#[path = "fake_apiserver/tests.rs"]
+mod fake_apiserver_tests;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use fake_apiserver::{
+    Authorizer, CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, Key, Options, SECRETS, TRAINJOBS,
+    str_at, write_kubeconfig,
+};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mpi-webhook");
+/// Longest any awaited state may take (a reconcile takes milliseconds).
+const TIMEOUT: Duration = Duration::from_secs(30);
+/// Our hostfile for [`train_job`] on [`runtime`] (73 bytes).
+const HOSTFILE: &str =
+    "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\npi-launcher-0-0.pi slots=1\n";
+/// A hostfile Trainer might word differently (23 bytes).
+const TRAINERS_OTHER_HOSTFILE: &str = "pi-node-0-0.pi slots=1\n";
+/// Finished reconciles, from the reconciler's `/metrics`.
+const FINISHED: &str = "mpi_webhook_reconcile_duration_seconds_count";
+
+fn owner() -> Value {
+    json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "pi",
+           "uid": "uid-1", "controller": true, "blockOwnerDeletion": true})
+}
+
+fn runtime() -> Value {
+    let job = |name: &str| {
+        json!({"name": name, "template": {"spec": {"template": {"spec": {
+            "containers": [{"name": "node", "image": "mpi"}]}}}}})
+    };
+    json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime",
+           "metadata": {"name": "deepspeed"},
+           "spec": {"mlPolicy": {"numNodes": 1,
+                                 "mpi": {"numProcPerNode": 1, "runLauncherAsNode": true}},
+                    "template": {"spec": {"replicatedJobs": [job("node"), job("launcher")]}}}})
+}
+
+fn train_job() -> Value {
+    json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+           "metadata": {"name": "pi", "namespace": "team", "uid": "uid-1"},
+           "spec": {"runtimeRef": {"name": "deepspeed"}, "trainer": {"numNodes": 3}}})
+}
+
+/// The hostfile ConfigMap as Trainer's controller applies it (D.2: no labels).
+fn trainers_configmap(hostfile: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "ConfigMap",
+           "metadata": {"name": "pi-mpi-hostfile", "namespace": "team",
+                        "ownerReferences": [owner()]},
+           "data": {"hostfile": hostfile}})
+}
+
+/// The SSH Secret as Trainer's controller applies it (D.1: no labels).
+fn trainers_secret() -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
+           "immutable": true,
+           "metadata": {"name": "pi-mpi-ssh-auth", "namespace": "team",
+                        "ownerReferences": [owner()]},
+           "data": {"ssh-privatekey": "VFJBSU5FUg==", "ssh-publickey": "VFJBSU5FUg=="}})
+}
+
+fn configmap_key() -> Key {
+    ("team".into(), "pi-mpi-hostfile".into())
+}
+
+fn secret_key() -> Key {
+    ("team".into(), "pi-mpi-ssh-auth".into())
+}
+
+fn shipped_rbac() -> Authorizer {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base/rbac.yaml");
+    let text = std::fs::read_to_string(path).expect("rbac.yaml");
+    let objects =
+        mpi_webhook::objects::dir::parse_documents(&text, false).expect("rbac.yaml parses");
+    Authorizer::from_rbac(&objects)
+}
+
+/// A fake cluster with the runtime and the TrainJob, served on 127.0.0.1.
+struct Cluster {
+    api: Arc<FakeApi>,
+    kubeconfig: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+async fn cluster(authorizer: Authorizer) -> Cluster {
+    let api = FakeApi::with(Options {
+        authorizer: Some(authorizer),
+        owner_references_permission_enforcement: true,
+    });
+    api.create(CLUSTER_RUNTIMES, None, runtime(), "kubectl")
+        .expect("runtime");
+    api.create(TRAINJOBS, None, train_job(), "kubectl")
+        .expect("TrainJob");
+    let addr = api.start().await.expect("listen");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = write_kubeconfig(dir.path(), addr).expect("kubeconfig");
+    Cluster {
+        api,
+        kubeconfig,
+        dir,
+    }
+}
+
+/// `mpi-webhook reconcile`, killed when dropped.
+struct Reconciler {
+    child: Child,
+    metrics: SocketAddr,
+    log: PathBuf,
+}
+
+impl Reconciler {
+    fn start(cluster: &Cluster) -> Self {
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port");
+        let log = cluster.dir.path().join("reconcile.log");
+        let child = Command::new(BIN)
+            .args(["reconcile", "--metrics-listen", &metrics.to_string()])
+            .env("KUBECONFIG", &cluster.kubeconfig)
+            .env("HOSTNAME", "test")
+            .env("RUST_LOG", "info")
+            .env("NO_COLOR", "1")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .env_remove("MPI_WEBHOOK_LEADER_ELECT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("start mpi-webhook reconcile");
+        Self {
+            child,
+            metrics,
+            log,
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// Waits until `done` holds; panics naming `what` (with the log's end) after [`TIMEOUT`] or
+    /// when the process exits.
+    async fn wait_for(&mut self, what: &str, mut done: impl FnMut() -> bool) {
+        let deadline = Instant::now() + TIMEOUT;
+        while !done() {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "reconcile exited ({status}) while waiting for {what}\n{}",
+                    self.log_tail()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} within {TIMEOUT:?}\n--- reconciler log ---\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The value of one metric (summed over labels), 0 while `/metrics` is not up.
+    async fn metric(&self, name: &str) -> u64 {
+        let Ok(text) = scrape(self.metrics).await else {
+            return 0;
+        };
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// Waits until more than `after` reconciles have finished; returns how many have.
+    async fn reconciled_past(&mut self, after: u64) -> u64 {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let now = self.metric(FINISHED).await;
+            if now > after {
+                return now;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("reconcile exited ({status})\n{}", self.log_tail());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no reconcile past {after} within {TIMEOUT:?}\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Reconciler {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn scrape(addr: SocketAddr) -> Result<String, Box<dyn std::error::Error + Send + Sync>> {
+    let exchange = async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        let (mut sender, connection) =
+            hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+        tokio::spawn(connection);
+        let request = hyper::Request::get("/metrics")
+            .header(hyper::header::HOST, addr.to_string())
+            .body(Empty::<Bytes>::new())?;
+        let body = sender.send_request(request).await?.into_body();
+        let bytes = body.collect().await?.to_bytes();
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    tokio::time::timeout(Duration::from_secs(5), exchange)
+        .await
+        .map_err(|_| "/metrics timed out")?
+}
+
+fn rv(object: &Value) -> String {
+    str_at(object, "/metadata/resourceVersion")
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn managers(object: &Value) -> Vec<String> {
+    object["metadata"]["managedFields"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["manager"].as_str().map(String::from))
+        .collect()
+}
+
+fn events(api: &FakeApi, reason: &str) -> Vec<Arc<Value>> {
+    api.objects(EVENTS)
+        .into_iter()
+        .filter(|e| e["reason"] == reason)
+        .collect()
+}
+
+/// Touches the TrainJob (an annotation, spec unchanged): the controller reconciles it again.
+async fn resync(api: &FakeApi, reconciler: &mut Reconciler, round: usize) {
+    let before = reconciler.metric(FINISHED).await;
+    api.merge_patch(
+        TRAINJOBS,
+        ("team".into(), "pi".into()),
+        &json!({"metadata": {"annotations": {"test/resync": round.to_string()}}}),
+        "kubectl-annotate",
+    )
+    .expect("annotate");
+    reconciler.reconciled_past(before).await;
+}
+
+fn ours_applied(api: &FakeApi) -> bool {
+    api.get(CONFIGMAPS, &configmap_key())
+        .is_ok_and(|c| managers(&c).iter().any(|m| m == "mpi-webhook"))
+}
+
+#[tokio::test]
+async fn trainer_first_with_the_same_text_means_no_fight_and_a_stable_resource_version() {
+    let cluster = cluster(shipped_rbac()).await;
+    let api = &cluster.api;
+    api.apply(
+        CONFIGMAPS,
+        configmap_key(),
+        trainers_configmap(HOSTFILE),
+        "trainer",
+        true,
+    )
+    .expect("Trainer applies first");
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("our apply next to Trainer's", || {
+            ours_applied(api) && api.get(SECRETS, &secret_key()).is_ok()
+        })
+        .await;
+    let settled = api.get(CONFIGMAPS, &configmap_key()).expect("ConfigMap");
+    assert_eq!(managers(&settled), ["trainer", "mpi-webhook"]);
+    assert_eq!(settled["data"], json!({"hostfile": HOSTFILE}));
+    for round in 0..3 {
+        // Trainer re-applies on its every reconcile: nothing changes.
+        let (again, _) = api
+            .apply(
+                CONFIGMAPS,
+                configmap_key(),
+                trainers_configmap(HOSTFILE),
+                "trainer",
+                true,
+            )
+            .expect("Trainer again");
+        assert_eq!(rv(&again), rv(&settled), "round {round}");
+        resync(api, &mut reconciler, round).await;
+    }
+    let last = api.get(CONFIGMAPS, &configmap_key()).expect("ConfigMap");
+    assert_eq!(rv(&last), rv(&settled));
+    let stats = api.stats();
+    assert_eq!(
+        (
+            stats.count("apply", "configmaps"),
+            stats.count("apply-force", "configmaps")
+        ),
+        (1, 0)
+    );
+    assert!(events(api, "HostfileConflict").is_empty());
+    assert_eq!(stats.unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn trainer_first_with_other_text_keeps_trainers_and_one_warning_event() {
+    let cluster = cluster(shipped_rbac()).await;
+    let api = &cluster.api;
+    let (seeded, _) = api
+        .apply(
+            CONFIGMAPS,
+            configmap_key(),
+            trainers_configmap(TRAINERS_OTHER_HOSTFILE),
+            "trainer",
+            true,
+        )
+        .expect("Trainer applies first");
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("a HostfileConflict Event", || {
+            !events(api, "HostfileConflict").is_empty()
+        })
+        .await;
+    for round in 0..2 {
+        let (again, _) = api
+            .apply(
+                CONFIGMAPS,
+                configmap_key(),
+                trainers_configmap(TRAINERS_OTHER_HOSTFILE),
+                "trainer",
+                true,
+            )
+            .expect("Trainer again");
+        assert_eq!(rv(&again), rv(&seeded), "round {round}");
+        resync(api, &mut reconciler, round).await;
+    }
+    let stored = api.get(CONFIGMAPS, &configmap_key()).expect("ConfigMap");
+    assert_eq!(rv(&stored), rv(&seeded));
+    assert_eq!(stored["data"], json!({"hostfile": TRAINERS_OTHER_HOSTFILE}));
+    assert_eq!(managers(&stored), ["trainer"]);
+    let warnings = events(api, "HostfileConflict");
+    assert_eq!(warnings.len(), 1, "{warnings:#?}");
+    assert_eq!(
+        (
+            &warnings[0]["type"],
+            &warnings[0]["note"],
+            &warnings[0]["regarding"]["name"]
+        ),
+        (
+            &json!("Warning"),
+            &json!(
+                "ConfigMap pi-mpi-hostfile: Kubeflow Trainer's field manager \"trainer\" holds \
+                 .data.hostfile with other values, left as is: our hostfile is 73 bytes, \
+                 Trainer's is 23 bytes"
+            ),
+            &json!("pi")
+        )
+    );
+    assert!(
+        reconciler
+            .metric("mpi_webhook_hostfile_conflicts_total")
+            .await
+            >= 3
+    );
+    let stats = api.stats();
+    assert_eq!(stats.count("apply-force", "configmaps"), 0);
+    assert_eq!(stats.unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_secret_trainer_made_first_is_used_as_is() {
+    let cluster = cluster(shipped_rbac()).await;
+    let api = &cluster.api;
+    let (secret, _) = api
+        .apply(SECRETS, secret_key(), trainers_secret(), "trainer", true)
+        .expect("Trainer's Secret");
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("the ConfigMap", || ours_applied(api))
+        .await;
+    let before = reconciler.metric(FINISHED).await;
+    resync(api, &mut reconciler, 0).await;
+    assert!(reconciler.metric(FINISHED).await > before);
+    let after = api.get(SECRETS, &secret_key()).expect("Secret");
+    assert_eq!(after, secret, "not recreated, not touched");
+    assert_eq!(after["metadata"].get("labels"), None);
+    let stats = api.stats();
+    assert_eq!(stats.count("create", "secrets"), 0);
+    assert_eq!(stats.unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_kubectl_edit_is_repaired_with_force() {
+    let cluster = cluster(shipped_rbac()).await;
+    let api = &cluster.api;
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("the ConfigMap", || ours_applied(api))
+        .await;
+    api.merge_patch(
+        CONFIGMAPS,
+        configmap_key(),
+        &json!({"data": {"hostfile": "edited\n"}}),
+        "kubectl-edit",
+    )
+    .expect("edit");
+    reconciler
+        .wait_for("the edit repaired", || {
+            api.get(CONFIGMAPS, &configmap_key())
+                .is_ok_and(|c| c["data"]["hostfile"] == HOSTFILE)
+        })
+        .await;
+    let repaired = api.get(CONFIGMAPS, &configmap_key()).expect("ConfigMap");
+    assert_eq!(managers(&repaired), ["mpi-webhook"]);
+    let stats = api.stats();
+    assert_eq!(
+        (
+            stats.count("apply", "configmaps"),
+            stats.count("apply-force", "configmaps")
+        ),
+        (2, 1)
+    );
+    assert!(events(api, "HostfileConflict").is_empty());
+    assert_eq!(stats.unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn owner_references_permission_enforcement_passes_with_the_shipped_rbac() {
+    let cluster = cluster(shipped_rbac()).await;
+    let api = &cluster.api;
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("the Secret and the ConfigMap", || {
+            api.get(SECRETS, &secret_key()).is_ok() && ours_applied(api)
+        })
+        .await;
+    for key_and_kind in [(SECRETS, secret_key()), (CONFIGMAPS, configmap_key())] {
+        let object = api.get(key_and_kind.0, &key_and_kind.1).expect("object");
+        assert_eq!(object["metadata"]["ownerReferences"], json!([owner()]));
+    }
+    assert_eq!(api.stats().unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn without_the_finalizers_grant_the_plugin_refuses_every_object() {
+    let rbac = shipped_rbac().without(|g| g.resource == "trainjobs/finalizers");
+    let cluster = cluster(rbac).await;
+    let api = &cluster.api;
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("a TrainJobResourcesCreationFailed Event", || {
+            !events(api, "TrainJobResourcesCreationFailed").is_empty()
+        })
+        .await;
+    let failed = events(api, "TrainJobResourcesCreationFailed");
+    let note = failed[0]["note"].as_str().unwrap_or_default();
+    assert!(
+        note.starts_with("failed to create the SSH auth Secret: ")
+            && note.contains(
+                "secrets \"pi-mpi-ssh-auth\" is forbidden: cannot set blockOwnerDeletion if an \
+                 ownerReference refers to a resource you can't set finalizers on: , <nil>"
+            ),
+        "{note}"
+    );
+    assert!(api.get(SECRETS, &secret_key()).is_err());
+    assert!(api.get(CONFIGMAPS, &configmap_key()).is_err());
+}
