@@ -27,34 +27,37 @@ pub fn objects() -> &'static Snapshot {
 pub fn seed_reviews() -> &'static [(Route, Value)] {
     static REVIEWS: OnceLock<Vec<(Route, Value)>> = OnceLock::new();
     REVIEWS.get_or_init(|| {
-        let mut reviews = Vec::new();
-        let mut files: Vec<PathBuf> = std::fs::read_dir(manifests().join("samples/reviews"))
-            .expect("sample reviews")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "json"))
-            .collect();
-        files.sort();
-        for file in files {
-            let text = std::fs::read_to_string(&file).expect("sample review reads");
-            let review: Value = serde_json::from_str(&text).expect("sample review is JSON");
-            reviews.extend(routes_of(&review).into_iter().map(|r| (r, review.clone())));
-        }
-        let mut runtimes: Vec<PathBuf> = std::fs::read_dir(manifests().join("runtimes"))
-            .expect("runtimes")
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-            .collect();
-        runtimes.sort();
-        for file in runtimes {
-            let text = std::fs::read_to_string(&file).expect("runtime reads");
-            let runtime: Value = mpi_webhook::objects::dir::parse_documents(&text, false)
-                .expect("runtime parses")
-                .remove(0);
-            let review = review_of(&runtime);
-            reviews.extend(routes_of(&review).into_iter().map(|r| (r, review.clone())));
-        }
-        reviews
+        let samples = documents_in(&manifests().join("samples/reviews"), "json");
+        let runtimes = documents_in(&manifests().join("runtimes"), "yaml");
+        samples
+            .into_iter()
+            .chain(runtimes.iter().map(review_of))
+            .flat_map(|review| {
+                routes_of(&review)
+                    .into_iter()
+                    .map(move |r| (r, review.clone()))
+            })
+            .collect()
     })
+}
+
+/// The first document of every `*.<extension>` file in `dir`, in path order.
+fn documents_in(dir: &Path, extension: &str) -> Vec<Value> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == extension))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(file).expect("a shipped file reads");
+            mpi_webhook::objects::dir::parse_documents(&text, extension == "json")
+                .expect("a shipped file parses")
+                .remove(0)
+        })
+        .collect()
 }
 
 /// The routes that serve `review`'s kind, validating and mutating.
