@@ -129,7 +129,7 @@ pub fn render(
                 continue;
             }
         };
-        push_document(&mut rendered.yaml, &ssh_secret(train_job, &keygen()?))?;
+        push_document(&mut rendered.yaml, &ssh_secret(&**train_job, &keygen()?))?;
         push_document(&mut rendered.yaml, &configmap)?;
     }
     Ok(rendered)
