@@ -852,6 +852,51 @@ fn sample_reviews_are_the_three_documented_cases() {
     );
 }
 
+/// JobSet mode: one plain JobSet per implementation that `kubectl create` takes as is (the
+/// CRD schema is checked by tests/validate_manifests.py), `node` listed before `launcher` (JobSet
+/// lets a replicatedJob depend only on earlier ones), the launcher waiting for the workers, and
+/// an AdmissionReview of its CREATE carrying exactly that JobSet.
+#[test]
+fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
+    let samples: Vec<Value> = data_files(&manifests().join("samples"))
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .flat_map(|p| docs(p))
+        .filter(|d| d["kind"] == "JobSet")
+        .collect();
+    let implementations: Vec<&str> = samples
+        .iter()
+        .map(|j| {
+            j["metadata"]["labels"][JOBSET_MODE_LABEL]
+                .as_str()
+                .expect("label")
+        })
+        .collect();
+    assert_eq!(implementations, ["Intel", "MPICH", "OpenMPI"]);
+    for jobset in &samples {
+        let name = jobset["metadata"]["name"].as_str().expect("name");
+        assert!(jobset["metadata"]["ownerReferences"].is_null(), "{name}");
+        let rjobs = jobset["spec"]["replicatedJobs"].as_array().expect("rjobs");
+        let names: Vec<&str> = rjobs
+            .iter()
+            .map(|r| r["name"].as_str().expect("name"))
+            .collect();
+        assert_eq!(names, ["node", "launcher"], "{name}");
+        assert_eq!(
+            rjobs[1]["dependsOn"],
+            json!([{"name": "node", "status": "Ready"}]),
+            "{name}"
+        );
+        let review = docs(&manifests().join(format!(
+            "samples/reviews/jobset-mode-create-{}.json",
+            name.strip_prefix("pi-jobset-").expect("pi-jobset-<implementation>")
+        )))
+        .remove(0);
+        assert_eq!(review["request"]["operation"], "CREATE", "{name}");
+        assert_eq!(&review["request"]["object"], jobset, "{name}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // kubectl kustomize
 
