@@ -6,6 +6,7 @@
 //! the Secret and the ConfigMap) is TrainJob mode's, fed with this plan. Pure: no I/O.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde_json::{Value, json};
 
 use crate::api::jobset::{JobSet, ReplicatedJob};
 use crate::api::runtime::DEFAULT_SSH_AUTH_MOUNT_PATH;
@@ -308,16 +309,10 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
         }
     }
     if let Some(settings) = settings {
-        if let Some((i, rjob)) = launcher {
-            errors.extend(reserved_env_error(
-                i,
-                rjob,
-                &wired,
-                raw,
-                settings.implementation,
-            ));
-        }
         let plan = plan(jobset, settings);
+        if let Some((i, rjob)) = launcher {
+            errors.extend(reserved_env_error(i, rjob, raw, &plan));
+        }
         if let Err(too_large) = check_hostfile_size(&plan)
             && let Some((i, rjob)) = node.or(launcher)
         {
@@ -360,28 +355,35 @@ fn launcher_pod_errors(i: usize, rjob: &ReplicatedJob) -> Vec<FieldError> {
     .collect()
 }
 
-/// Section B's reserved-env rule on the launcher's wired container (Decision 6).
+/// Section B's reserved-env rule on the launcher's wired container (Decision 6). An entry equal
+/// to the one the mutation writes is no conflict: the validator sees the JobSet after the
+/// mutation, and the mutation may run again (reinvocation).
 fn reserved_env_error(
     i: usize,
     launcher: &ReplicatedJob,
-    wired: &WiredContainer,
     raw: &RawJson<'_>,
-    implementation: &Implementation,
+    plan: &MpiPlan,
 ) -> Option<FieldError> {
-    let (c, _) = wired_in(launcher, wired)?;
+    let (c, _) = wired_in(launcher, &plan.wired_container)?;
     let env = raw.at(&format!(
         "/spec/replicatedJobs/{i}/template/spec/template/spec/containers/{c}/env"
     ));
+    let injected: Vec<Value> = plan
+        .implementation
+        .env_pairs(plan.slots)
+        .map(|(name, value)| json!({"name": name, "value": value}))
+        .collect();
     let names = env
         .as_array()
         .into_iter()
         .flatten()
+        .filter(|e| !injected.contains(e))
         .filter_map(|e| e.get("name")?.as_str());
     reserved_env_names_error(
         replicated_job_field(i, &format!("{CONTAINERS}[{c}].env")),
         || env.clone(),
         names,
-        implementation,
+        plan.implementation,
     )
 }
 

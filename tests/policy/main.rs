@@ -3,6 +3,7 @@
 
 mod admission;
 mod enforce;
+mod jobset_mode;
 mod render;
 mod support;
 mod validate;
