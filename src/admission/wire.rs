@@ -158,6 +158,9 @@ mod tests {
             "trainjob-create-allowed.json",
             "trainjob-create-denied-reserved-env.json",
             "jobset-create-owned-by-trainjob.json",
+            "jobset-mode-create-openmpi.json",
+            "jobset-mode-create-intel.json",
+            "jobset-mode-create-mpich.json",
         ] {
             let body = std::fs::read(format!("{SAMPLES}/{file}")).expect("sample exists");
             let (request, object, _) = read::<&RawValue, IgnoredAny>(&body).expect(file);
