@@ -225,7 +225,7 @@ fn gpu_slots(jobset: &JobSet, wired: &WiredContainer) -> i64 {
 }
 
 /// The first replicatedJob named `name`, with its index.
-fn find<'j>(jobset: &'j JobSet, name: &str) -> Option<(usize, &'j ReplicatedJob)> {
+fn find<'j>(jobset: &'j JobSet, name: &str) -> Found<'j> {
     jobset
         .spec
         .replicated_jobs
@@ -261,26 +261,54 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
     let settings = settings(&jobset.metadata)
         .map_err(|e| errors.extend(e))
         .ok();
-    let metadata = &jobset.metadata;
-    let network = jobset.spec.network.as_ref();
-    if network.and_then(|n| n.enable_dns_hostnames) == Some(false) {
-        errors.push(FieldError::invalid(
+    errors.extend(network_error(jobset));
+    let (launcher, node) = (find(jobset, LAUNCHER), find(jobset, NODE));
+    errors.extend(shape_errors(jobset, launcher, node));
+    errors.extend(container_errors(jobset, [launcher, node]));
+    if let Some(settings) = settings {
+        let plan = plan(jobset, settings);
+        if let Some((i, rjob)) = launcher {
+            errors.extend(reserved_env_error(i, rjob, raw, &plan));
+        }
+        errors.extend(hostfile_error(&plan, node.or(launcher)));
+        checked.plan = Some(plan);
+    }
+    if let (Some((i, rjob)), Some(_)) = (launcher, node)
+        && !waits_for_ready_nodes(rjob)
+    {
+        checked.warnings.push(format!(
+            "spec.replicatedJobs[{i}].dependsOn: the launcher does not wait for the workers: without dependsOn [{{name: node, status: Ready}}] it may start before their sshd listens"
+        ));
+    }
+    checked
+}
+
+/// A replicatedJob found by name, with its index.
+type Found<'j> = Option<(usize, &'j ReplicatedJob)>;
+
+/// Hosts are listed by their pod host names, which JobSet publishes only with DNS host names.
+fn network_error(jobset: &JobSet) -> Option<FieldError> {
+    let network = jobset.spec.network.as_ref()?;
+    (network.enable_dns_hostnames == Some(false)).then(|| {
+        FieldError::invalid(
             "spec.network.enableDNSHostnames",
             BadValue::Json(false.into()),
             "must not be false in JobSet mode: MPI reaches every host by its pod host name",
-        ));
-    }
-    let launcher = find(jobset, LAUNCHER);
-    let node = find(jobset, NODE);
-    match launcher {
-        Some((i, rjob)) => errors.extend(launcher_pod_errors(i, rjob)),
-        None => errors.push(FieldError::required(
+        )
+    })
+}
+
+/// A one-pod `launcher`, and a `node` unless the launcher runs as the only node.
+fn shape_errors(jobset: &JobSet, launcher: Found<'_>, node: Found<'_>) -> Vec<FieldError> {
+    let mut errors = match launcher {
+        Some((i, rjob)) => launcher_pod_errors(i, rjob),
+        None => vec![FieldError::required(
             "spec.replicatedJobs",
             format!("JobSet mode needs a replicatedJob named {LAUNCHER:?}"),
-        )),
-    }
+        )],
+    };
     let run_launcher_as_node =
-        annotation(metadata, RUN_LAUNCHER_AS_NODE_ANNOTATION) == Some("true");
+        annotation(&jobset.metadata, RUN_LAUNCHER_AS_NODE_ANNOTATION) == Some("true");
     if node.is_none() && !run_launcher_as_node {
         errors.push(FieldError::required(
             "spec.replicatedJobs",
@@ -289,11 +317,19 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
             ),
         ));
     }
-    let wired = wired_container(metadata);
-    for (i, rjob) in [launcher, node].into_iter().flatten() {
-        if wired_in(rjob, &wired).is_none() {
+    errors
+}
+
+/// The wired container exists in the launcher's and the workers' pod templates.
+fn container_errors(jobset: &JobSet, rjobs: [Found<'_>; 2]) -> Vec<FieldError> {
+    let wired = wired_container(&jobset.metadata);
+    rjobs
+        .into_iter()
+        .flatten()
+        .filter(|(_, rjob)| wired_in(rjob, &wired).is_none())
+        .map(|(i, _)| {
             let field = replicated_job_field(i, CONTAINERS);
-            errors.push(match &wired {
+            match &wired {
                 WiredContainer::Named(name) => FieldError::invalid(
                     field,
                     BadValue::Str(name.clone()),
@@ -305,33 +341,21 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
                     field,
                     "JobSet mode wires the first container of the launcher and node pod templates",
                 ),
-            });
-        }
-    }
-    if let Some(settings) = settings {
-        let plan = plan(jobset, settings);
-        if let Some((i, rjob)) = launcher {
-            errors.extend(reserved_env_error(i, rjob, raw, &plan));
-        }
-        if let Err(too_large) = check_hostfile_size(&plan)
-            && let Some((i, rjob)) = node.or(launcher)
-        {
-            errors.push(FieldError::invalid(
-                replicated_job_field(i, ".template.spec.parallelism"),
-                BadValue::Int(i64::from(rjob.template.spec.parallelism.unwrap_or(1))),
-                too_large.to_string(),
-            ));
-        }
-        checked.plan = Some(plan);
-    }
-    if let (Some((i, rjob)), Some(_)) = (launcher, node)
-        && !waits_for_ready_nodes(rjob)
-    {
-        checked.warnings.push(format!(
-            "spec.replicatedJobs[{i}].dependsOn: the launcher does not wait for the workers: without dependsOn [{{name: node, status: Ready}}] it may start before their sshd listens"
-        ));
-    }
-    checked
+            }
+        })
+        .collect()
+}
+
+/// Decision 8: the hostfile fits a ConfigMap; reported on the pod count of `rjob` (the workers,
+/// or the launcher when there are none).
+fn hostfile_error(plan: &MpiPlan, rjob: Found<'_>) -> Option<FieldError> {
+    let too_large = check_hostfile_size(plan).err()?;
+    let (i, rjob) = rjob?;
+    Some(FieldError::invalid(
+        replicated_job_field(i, ".template.spec.parallelism"),
+        BadValue::Int(i64::from(rjob.template.spec.parallelism.unwrap_or(1))),
+        too_large.to_string(),
+    ))
 }
 
 /// The launcher runs exactly one pod: one replica, parallelism and completions 1 (or unset).
@@ -426,4 +450,66 @@ pub fn immutable_errors(old: &ObjectMeta, new: &ObjectMeta) -> Vec<FieldError> {
         )
     });
     label_error.into_iter().chain(annotation_errors).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn metadata(value: Value) -> ObjectMeta {
+        serde_json::from_value(value).expect("metadata")
+    }
+
+    #[test]
+    fn a_trainjob_controller_wins_over_the_label() {
+        let owned = metadata(json!({
+            "labels": {IMPLEMENTATION_LABEL: "MPICH"},
+            "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                                 "name": "pi", "uid": "u", "controller": true}]
+        }));
+        assert!(matches!(mode(&owned), Mode::TrainJob(owner) if owner.name == "pi"));
+        let labelled = metadata(json!({"labels": {IMPLEMENTATION_LABEL: "MPICH"}}));
+        assert_eq!(mode(&labelled), Mode::JobSet);
+        assert_eq!(
+            mode(&metadata(json!({"labels": {"app": "x"}}))),
+            Mode::Plain
+        );
+    }
+
+    #[test]
+    fn settings_default_as_the_contract_says() {
+        let settings = settings(&metadata(
+            json!({"labels": {IMPLEMENTATION_LABEL: "Intel"}}),
+        ))
+        .expect("parses");
+        assert_eq!(
+            settings,
+            Settings {
+                implementation: implementation::lookup("Intel").expect("Intel"),
+                slots_per_node: None,
+                ssh_auth_mount_path: "/root/.ssh".into(),
+                run_launcher_as_node: false,
+                wired_container: WiredContainer::First,
+            }
+        );
+    }
+
+    #[test]
+    fn every_bad_setting_is_reported_at_once() {
+        let errors = settings(&metadata(json!({
+            "labels": {IMPLEMENTATION_LABEL: ""},
+            "annotations": {SLOTS_PER_NODE_ANNOTATION: "-1", RUN_LAUNCHER_AS_NODE_ANNOTATION: "True"}
+        })))
+        .expect_err("three errors");
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "metadata.labels[mpi-webhook.io/implementation]",
+                "metadata.annotations[mpi-webhook.io/slots-per-node]",
+                "metadata.annotations[mpi-webhook.io/run-launcher-as-node]"
+            ]
+        );
+    }
 }
