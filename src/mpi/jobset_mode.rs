@@ -261,6 +261,12 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
     let settings = settings(&jobset.metadata)
         .map_err(|e| errors.extend(e))
         .ok();
+    if jobset.name().is_empty() {
+        errors.push(FieldError::required(
+            "metadata.name",
+            "JobSet mode names the Secret, the ConfigMap and the host names after the JobSet: set a name (generateName alone is not enough)",
+        ));
+    }
     errors.extend(network_error(jobset));
     let (launcher, node) = (find(jobset, LAUNCHER), find(jobset, NODE));
     errors.extend(shape_errors(jobset, launcher, node));

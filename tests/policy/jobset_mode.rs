@@ -433,6 +433,17 @@ async fn an_unknown_container_is_denied_in_each_template() {
 }
 
 #[tokio::test]
+async fn a_jobset_without_a_name_is_denied() {
+    let mut js = jobset("OpenMPI", json!({}), rjobs());
+    js["metadata"]["name"] = json!("");
+    js["metadata"]["generateName"] = json!("pi-");
+    assert_eq!(
+        denial(js).await,
+        "metadata.name: Required value: JobSet mode names the Secret, the ConfigMap and the host names after the JobSet: set a name (generateName alone is not enough)"
+    );
+}
+
+#[tokio::test]
 async fn dns_hostnames_switched_off_is_denied() {
     let mut js = jobset("OpenMPI", json!({}), rjobs());
     js["spec"]["network"] = json!({"enableDNSHostnames": false});
