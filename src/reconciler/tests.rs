@@ -899,6 +899,21 @@ mod jobset_mode {
     }
 
     #[tokio::test]
+    async fn a_jobset_a_trainjob_controls_is_left_to_trainjob_mode() {
+        let f = fixture(Caches::default());
+        let mut owned = jobset("OpenMPI");
+        owned.metadata.owner_references = serde_json::from_value(json!([{
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "name": "pi", "uid": "tj-uid", "controller": true
+        }]))
+        .expect("owner");
+        // The script expects no call: any request would hang the reconcile into the timeout.
+        let result = run(&f.ctx, owned, async {}).await;
+        assert_eq!(result.expect("ok"), Action::await_change());
+        assert_eq!(f.metrics.writes("secret"), 0);
+    }
+
+    #[tokio::test]
     async fn settings_that_do_not_parse_are_a_warning_event_and_no_write() {
         let f = fixture(Caches::default());
         let result = run(&f.ctx, jobset("LAM"), {
