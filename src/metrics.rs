@@ -36,6 +36,8 @@ pub enum Outcome {
     BadRequest,
     /// HTTP 413: the body is over the limit.
     TooLarge,
+    /// HTTP 503: too many large bodies already being reviewed until the deadline.
+    Busy,
 }
 
 impl Outcome {
@@ -49,6 +51,7 @@ impl Outcome {
             Outcome::Timeout => "timeout",
             Outcome::BadRequest => "bad_request",
             Outcome::TooLarge => "too_large",
+            Outcome::Busy => "busy",
         }
     }
 }

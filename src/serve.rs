@@ -324,11 +324,7 @@ pub async fn start_with<S: ObjectSource + 'static>(
             tracing::error!(error = %e, "metrics listener failed");
         }
     }));
-    let state = Arc::new(AppState {
-        objects,
-        readiness: readiness.clone(),
-        metrics,
-    });
+    let state = Arc::new(AppState::new(objects, readiness.clone(), metrics));
     let router = server::router(state);
     let grace = options.shutdown_grace;
     let accept = tokio::spawn(accept_loop(https, acceptor, router, shutdown_rx, grace));

@@ -6,6 +6,12 @@
 //! AdmissionReview is 400 with a JSON `{"code", "message"}`; a body over 7 MiB is 413; an internal
 //! failure or an expired deadline is a 200 *denial* with a generic message and the request's uid
 //! (fail closed), with the details in the log.
+//!
+//! Bounded work: a review the apiserver sends is a few KiB and is read and answered on the async
+//! workers as it arrives. A body that may be larger than [`SMALL_BODY_BYTES`] waits for one of
+//! [`LARGE_REVIEWS_AT_ONCE`] permits *before* it is read, and is parsed on a blocking thread, so
+//! a burst of huge bodies neither holds more than that many in memory nor stalls `/healthz` and
+//! the small reviews behind it (README "Bounded work").
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,12 +25,26 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::admission::{self, Reviewed, Route};
+use tokio::sync::Semaphore;
+
+use crate::admission::{self, BadReview, Reviewed, Route};
 use crate::metrics::{Metrics, Outcome};
 use crate::objects::ObjectSource;
 
 /// Largest accepted request body: 7 MiB, the limit controller-runtime uses.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
+
+/// Bodies up to this size are read and reviewed on the async workers as they arrive. A review
+/// from the kube-apiserver is a few KiB (a JobSet of a TrainJob, pretty-printed, under 5 KiB);
+/// at 64 KiB even the costliest parse stays around a MiB.
+pub const SMALL_BODY_BYTES: usize = 64 * 1024;
+
+/// Larger bodies (or bodies of unknown length) read and reviewed at once. One may hold its 7 MiB
+/// body plus, in the worst case, a `serde_json::Value` of it (a review whose fast read fails, made
+/// of the smallest JSON values) of about 30 times the body: some 220 MiB. Large reviews are never
+/// the apiserver's normal traffic, so one at a time is plenty, and it leaves the other core to
+/// everything else. The README states the resulting bound on memory.
+pub const LARGE_REVIEWS_AT_ONCE: usize = 1;
 
 /// The apiserver's default webhook timeout, used when a request carries no `?timeout=`.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -90,6 +110,20 @@ pub struct AppState<S> {
     pub readiness: Readiness,
     /// Request metrics.
     pub metrics: Arc<Metrics>,
+    /// Permits to read and review a body larger than [`SMALL_BODY_BYTES`].
+    large_reviews: Arc<Semaphore>,
+}
+
+impl<S> AppState<S> {
+    /// The handlers' state, with [`LARGE_REVIEWS_AT_ONCE`] permits for large bodies.
+    pub fn new(objects: Arc<S>, readiness: Readiness, metrics: Arc<Metrics>) -> Self {
+        Self {
+            objects,
+            readiness,
+            metrics,
+            large_reviews: Arc::new(Semaphore::new(LARGE_REVIEWS_AT_ONCE)),
+        }
+    }
 }
 
 impl<S> std::fmt::Debug for AppState<S> {
@@ -176,19 +210,64 @@ async fn admit<S: ObjectSource + 'static>(
     finish(route, &state.metrics, answer, started)
 }
 
-async fn answer<S: ObjectSource>(
+async fn answer<S: ObjectSource + 'static>(
     route: Route,
-    state: &AppState<S>,
+    state: &Arc<AppState<S>>,
     request: Request,
     deadline: Instant,
 ) -> Answer {
+    let deadline = tokio::time::Instant::from_std(deadline);
+    if declared_length(&request).is_some_and(|len| len <= SMALL_BODY_BYTES as u64) {
+        let body = match read_body(request, deadline).await {
+            Ok(body) => body,
+            Err(e) => return Answer::Error(e),
+        };
+        let reviewed =
+            tokio::time::timeout_at(deadline, admission::review(route, &body, &*state.objects))
+                .await;
+        return reviewed_or_timed_out(reviewed, &body);
+    }
+    // Waiting for a permit before reading: a body that waits stays in the client's socket,
+    // costing this process nothing.
+    let Ok(Ok(permit)) =
+        tokio::time::timeout_at(deadline, Arc::clone(&state.large_reviews).acquire_owned()).await
+    else {
+        return Answer::Error(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            Outcome::Busy,
+            "too many large reviews in progress; retry",
+        ));
+    };
     let body = match read_body(request, deadline).await {
         Ok(body) => body,
         Err(e) => return Answer::Error(e),
     };
-    let deadline = tokio::time::Instant::from_std(deadline);
-    match tokio::time::timeout_at(deadline, admission::review(route, &body, &*state.objects)).await
-    {
+    // Parsed on a blocking thread, so the async workers keep answering `/healthz` and the small
+    // reviews meanwhile. The permit goes with the work: were the deadline to pass first, the
+    // review still counts against the bound until it ends.
+    let (state, body_for_review) = (Arc::clone(state), body.clone());
+    let runtime = tokio::runtime::Handle::current();
+    let review = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        runtime.block_on(admission::review(route, &body_for_review, &*state.objects))
+    });
+    match tokio::time::timeout_at(deadline, review).await {
+        Ok(Ok(reviewed)) => reviewed_or_timed_out(Ok(reviewed), &body),
+        Ok(Err(join_error)) => Answer::Error(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Outcome::Error,
+            format!("the review did not complete: {join_error}"),
+        )),
+        Err(_) => Answer::TimedOut { uid: uid_of(&body) },
+    }
+}
+
+/// The answer to a review that ran until `deadline`.
+fn reviewed_or_timed_out(
+    reviewed: Result<Result<Reviewed, BadReview>, tokio::time::error::Elapsed>,
+    body: &[u8],
+) -> Answer {
+    match reviewed {
         Ok(Ok(reviewed)) => Answer::Reviewed(reviewed),
         Ok(Err(bad)) => Answer::Error(ApiError::new(
             StatusCode::BAD_REQUEST,
@@ -197,11 +276,20 @@ async fn answer<S: ObjectSource>(
         )),
         // Fail closed: the apiserver would otherwise apply failurePolicy to a timeout anyway; a
         // denial that says why, sent before its deadline, is the more useful answer.
-        Err(_) => Answer::TimedOut { uid: uid_of(&body) },
+        Err(_) => Answer::TimedOut { uid: uid_of(body) },
     }
 }
 
-async fn read_body(request: Request, deadline: Instant) -> Result<Bytes, ApiError> {
+/// The body length the request declares, if it declares one.
+fn declared_length(request: &Request) -> Option<u64> {
+    request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok())
+}
+
+async fn read_body(request: Request, deadline: tokio::time::Instant) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -209,16 +297,10 @@ async fn read_body(request: Request, deadline: Instant) -> Result<Bytes, ApiErro
             format!("request body is larger than {MAX_BODY_BYTES} bytes"),
         )
     };
-    let declared = request
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|len| len > MAX_BODY_BYTES as u64) {
+    if declared_length(&request).is_some_and(|len| len > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
     let body = Limited::new(request.into_body(), MAX_BODY_BYTES);
-    let deadline = tokio::time::Instant::from_std(deadline);
     match tokio::time::timeout_at(deadline, body.collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
@@ -235,19 +317,53 @@ async fn read_body(request: Request, deadline: Instant) -> Result<Bytes, ApiErro
     }
 }
 
-/// The request uid, read leniently (only needed when the deadline expired mid-review).
+/// The request uid, read leniently (only needed when the deadline expired mid-review): members
+/// other than `request.uid` are skipped unread, and a repeated member counts by its last value,
+/// as in the general read of a review, so a denial still names the request it answers.
 fn uid_of(body: &[u8]) -> String {
-    #[derive(serde::Deserialize)]
-    struct Review {
-        request: Req,
+    use std::marker::PhantomData;
+
+    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+
+    /// Reads an object as the last value of its member `.0`.
+    struct LastMember<T>(&'static str, PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for LastMember<T> {
+        type Value = Option<T>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "an object with member {:?}", self.0)
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
+            let mut last = None;
+            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                if key == self.0 {
+                    last = Some(map.next_value()?);
+                } else {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+            Ok(last)
+        }
     }
-    #[derive(serde::Deserialize)]
-    struct Req {
-        #[serde(default)]
-        uid: String,
+
+    /// `request.uid`.
+    struct RequestUid(Option<String>);
+
+    impl<'de> Deserialize<'de> for RequestUid {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            deserializer
+                .deserialize_map(LastMember::<String>("uid", PhantomData))
+                .map(RequestUid)
+        }
     }
-    serde_json::from_slice::<Review>(body)
-        .map(|r| r.request.uid)
+
+    serde_json::Deserializer::from_slice(body)
+        .deserialize_map(LastMember::<RequestUid>("request", PhantomData))
+        .ok()
+        .flatten()
+        .and_then(|request| request.0)
         .unwrap_or_default()
 }
 
@@ -420,6 +536,12 @@ mod tests {
     fn uid_is_read_leniently() {
         assert_eq!(uid_of(br#"{"request":{"uid":"u1","x":1}}"#), "u1");
         assert_eq!(uid_of(b"not json"), "");
+        // A repeated member counts by its last value, as in the general read.
+        assert_eq!(
+            uid_of(br#"{"request":{"uid":"u1","uid":"u2"},"kind":"AdmissionReview"}"#),
+            "u2"
+        );
+        assert_eq!(uid_of(br#"{"request":{"uid":7}}"#), "");
     }
 
     #[test]

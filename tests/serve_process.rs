@@ -297,3 +297,123 @@ fn certs_writes_a_ca_and_serving_certificate_and_prints_the_ca_bundle() {
         .block_on(mpi_webhook::tls::load_pair(&files))
         .unwrap();
 }
+
+/// The costliest body `serve` accepts: just under 7 MiB, a review whose fast read fails (a
+/// duplicate `uid`), so it is parsed whole into a `serde_json::Value`, and whose object is made of
+/// the smallest JSON values there are (`{}`), each of which becomes a map in that `Value`.
+fn costliest_review() -> Vec<u8> {
+    let head = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","uid":"big","kind":{"group":"trainer.kubeflow.org","version":"v1alpha1","kind":"TrainJob"},"resource":{"group":"trainer.kubeflow.org","version":"v1alpha1","resource":"trainjobs"},"operation":"CREATE","userInfo":{},"object":{"metadata":{"name":"big","namespace":"default"},"spec":{"runtimeRef":{"name":"deepspeed-distributed"},"filler":[{}"#;
+    let tail = b"]}}}}";
+    let mut body = head.to_vec();
+    let room = mpi_webhook::server::MAX_BODY_BYTES - head.len() - tail.len();
+    body.extend(std::iter::repeat_n(*b",{}", room / 3).flatten());
+    body.extend_from_slice(tail);
+    body
+}
+
+/// Peak resident set of process `pid` in bytes (`VmHWM`).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kib * 1024
+}
+
+/// The README's stated bound on serve's memory under any burst of bodies: what `serve` holds
+/// idle, plus, for each of the reviews over 64 KiB it works on at once, its body and the `Value`
+/// the costliest one parses into, plus a margin for the buffers of everything still arriving.
+const PEAK_RSS_BOUND: u64 = 384 * 1024 * 1024;
+
+/// Issue 17: 64 bodies of 7 MiB at once. The async workers keep answering `/healthz` and small
+/// reviews within a second meanwhile, every large body gets one of the documented answers before
+/// its deadline (its review, a fail-closed denial, 408 or 503 busy), and serve's peak memory
+/// stays under the stated bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_huge_bodies_stalls_nothing_and_stays_within_its_memory_bound() {
+    init();
+    let cwd = tempfile::tempdir().unwrap();
+    let server = Server::start(cwd.path());
+    let ca_pem = std::fs::read_to_string(cwd.path().join("certs/ca.crt")).unwrap();
+    let client = client_config(&[&ca_pem]);
+    let huge = costliest_review();
+    assert!(huge.len() <= mpi_webhook::server::MAX_BODY_BYTES);
+
+    let mut burst = tokio::task::JoinSet::new();
+    for _ in 0..64 {
+        let (client, body) = (client.clone(), huge.clone());
+        let addr = server.addr;
+        burst.spawn(async move {
+            request(addr, client, "POST", Route::ValidateTrainJob.path(), body).await
+        });
+    }
+    // While the burst is being read and parsed: liveness and a small review, each within 1 s.
+    let small = sample("trainjob-create-allowed.json");
+    for _ in 0..5 {
+        let healthz = tokio::time::timeout(
+            Duration::from_secs(1),
+            request(server.addr, client.clone(), "GET", "/healthz", Vec::new()),
+        )
+        .await
+        .expect("/healthz answered within 1 s during the burst")
+        .unwrap();
+        assert_eq!(healthz.status, 200);
+        let reply = tokio::time::timeout(
+            Duration::from_secs(1),
+            post(
+                server.addr,
+                client.clone(),
+                Route::ValidateTrainJob.path(),
+                small.clone(),
+            ),
+        )
+        .await
+        .expect("a small review answered within 1 s during the burst");
+        assert_eq!(
+            response_for(&reply, "0a7c3f0e-5b2d-4e61-8a9f-1d2c3b4a5e01")["allowed"],
+            true
+        );
+    }
+    let mut answered = 0;
+    while let Some(reply) = burst.join_next().await {
+        let reply = reply.unwrap().unwrap();
+        match reply.status {
+            // Reviewed, or denied (fail closed) when its deadline passed before its turn ended.
+            200 => {
+                let response = response_for(&reply, "big");
+                if response["allowed"] != true {
+                    assert_eq!(
+                        response["status"]["message"],
+                        mpi_webhook::server::TIMEOUT_MESSAGE
+                    );
+                }
+            }
+            // Its turn came too late to read the whole body before the deadline.
+            408 => assert_eq!(
+                reply.json()["message"],
+                "the request body did not arrive before the deadline"
+            ),
+            // Its turn did not come before the deadline.
+            503 => assert_eq!(
+                reply.json()["message"],
+                "too many large reviews in progress; retry"
+            ),
+            other => panic!(
+                "unexpected HTTP {other}: {}",
+                String::from_utf8_lossy(&reply.body)
+            ),
+        }
+        answered += 1;
+    }
+    assert_eq!(answered, 64);
+    let peak = peak_rss(server.child.id());
+    assert!(
+        peak < PEAK_RSS_BOUND,
+        "serve peaked at {} MiB, over the stated {} MiB",
+        peak >> 20,
+        PEAK_RSS_BOUND >> 20
+    );
+    println!("peak RSS during the burst: {} MiB", peak >> 20);
+}

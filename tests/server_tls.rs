@@ -468,11 +468,11 @@ async fn bodies_over_7_mib_without_content_length_get_413() {
     init();
     use http_body_util::BodyExt;
     use tower::ServiceExt;
-    let state = Arc::new(mpi_webhook::server::AppState {
-        objects: Arc::new(mpi_webhook::objects::Snapshot::default()),
-        readiness: Readiness::new(),
-        metrics: Arc::new(Metrics::new()),
-    });
+    let state = Arc::new(mpi_webhook::server::AppState::new(
+        Arc::new(mpi_webhook::objects::Snapshot::default()),
+        Readiness::new(),
+        Arc::new(Metrics::new()),
+    ));
     // No Content-Length header (as with chunked encoding): the limit applies while reading.
     let request = axum::http::Request::post(Route::ValidateTrainJob.path())
         .body(axum::body::Body::from(vec![b' '; MAX_BODY_BYTES + 1]))

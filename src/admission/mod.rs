@@ -28,7 +28,7 @@ use serde_json::value::RawValue;
 
 use crate::mpi::enforce::{JobSetView, Obj, PatchJson};
 use crate::objects::ObjectSource;
-use crate::objects::dir::from_value;
+use crate::objects::dir::{from_value, from_value_at};
 use crate::raw_json::RawJson;
 
 /// The HTTPS admission routes of `serve` (the product contract: these paths are fixed).
@@ -231,12 +231,18 @@ impl Object<'_> {
     /// The object as `T`. Raw text is read straight into `T`; should that fail (a malformed
     /// object, or a duplicate member, which a `Value` resolves by keeping the last), the object
     /// is read as the general path reads it, through a `Value`, whose answer and message count.
+    ///
+    /// Only a JSON object is an object: serde's derived structs would also read an array, its
+    /// elements taken as the fields in order.
     pub(crate) fn read<T: DeserializeOwned>(&self) -> Result<T, String> {
         match self {
-            Object::Raw(raw) => {
-                serde_json::from_str(raw.get()).or_else(|_| from_value(RawJson::text(raw).value()))
+            Object::Raw(raw) if !raw.get().starts_with('{') => {
+                Err(not_an_object(RawJson::text(raw).value()))
             }
-            Object::Parsed(value) => from_value(value),
+            Object::Raw(raw) => serde_json::from_str(raw.get())
+                .or_else(|_| from_value_at(RawJson::text(raw).value(), OBJECT_FIELD)),
+            Object::Parsed(value) if !value.is_object() => Err(not_an_object(value)),
+            Object::Parsed(value) => from_value_at(value, OBJECT_FIELD),
             Object::JobSet(_) => Err("a JobSet view is read by the mutation only".into()),
         }
     }
@@ -249,6 +255,22 @@ impl Object<'_> {
             Object::JobSet(_) => RawJson::from(&Value::Null),
         }
     }
+}
+
+/// Where the object sits in a review: what an error about the object as a whole names.
+const OBJECT_FIELD: &str = "request.object";
+
+/// The error for an object that is not a JSON object, naming where it is.
+fn not_an_object(value: &Value) -> String {
+    let found = match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    };
+    format!("{OBJECT_FIELD}: invalid type: {found}, expected a JSON object")
 }
 
 /// `apiVersion` of the reviews read and written.

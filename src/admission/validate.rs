@@ -9,7 +9,7 @@ use serde::Deserialize;
 use crate::api::{JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
 use crate::mpi::jobset_mode::{self, Mode};
-use crate::mpi::validate::{validate_runtime, validate_train_job};
+use crate::mpi::validate::{trainer_support_warning, validate_runtime, validate_train_job};
 use crate::objects::ObjectSource;
 use crate::raw_json::RawJson;
 
@@ -101,7 +101,10 @@ pub(super) async fn train_job<S: ObjectSource>(
     let errors = validate_train_job(&train_job, &raw, &runtime, kind);
     Verdict {
         denial: aggregate(&errors),
-        warnings: deprecation_warning(kind, &runtime).into_iter().collect(),
+        warnings: deprecation_warning(kind, &runtime)
+            .into_iter()
+            .chain(trainer_support_warning(&runtime))
+            .collect(),
         ..Verdict::default()
     }
 }
@@ -122,9 +125,10 @@ pub(super) fn runtime(
         kind,
         req.operation == Operation::Update,
     );
-    match aggregate(&errors) {
-        Some(message) => Verdict::deny(message),
-        None => Verdict::allow(),
+    Verdict {
+        denial: aggregate(&errors),
+        warnings: trainer_support_warning(&runtime).into_iter().collect(),
+        ..Verdict::default()
     }
 }
 

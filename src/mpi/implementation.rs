@@ -33,6 +33,10 @@ pub struct Implementation {
     /// `<pod>` instead of `<pod>.<subdomain>`: Hydra only recognises itself by its host name and
     /// would otherwise SSH to the launcher, which runs no sshd (found on MPICH 4 and Intel MPI).
     pub launcher_listed_by_pod_hostname: bool,
+    /// Whether stock Kubeflow Trainer's controller (through 8c0f5059) builds a JobSet for a
+    /// TrainJob with this implementation. It supports Open MPI only and errors before building
+    /// for anything else, so such TrainJobs wait forever; admission warns (Decision 16).
+    pub built_by_trainer: bool,
 }
 
 const CONNECTION_ATTEMPTS: &str = "-o ConnectionAttempts=10";
@@ -59,6 +63,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         name: "OpenMPI",
         slots_separator: " slots=",
         launcher_listed_by_pod_hostname: false,
+        built_by_trainer: true,
         launcher_env: &[
             // Open MPI 4 (ORTE), exactly upstream's four.
             fixed("OMPI_MCA_orte_default_hostfile", super::HOSTFILE_PATH),
@@ -78,6 +83,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         name: "Intel",
         slots_separator: ":",
         launcher_listed_by_pod_hostname: true,
+        built_by_trainer: false,
         launcher_env: &[
             fixed("I_MPI_HYDRA_HOST_FILE", super::HOSTFILE_PATH),
             fixed("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", CONNECTION_ATTEMPTS),
@@ -92,6 +98,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         name: "MPICH",
         slots_separator: ":",
         launcher_listed_by_pod_hostname: true,
+        built_by_trainer: false,
         launcher_env: &[
             fixed("HYDRA_HOST_FILE", super::HOSTFILE_PATH),
             fixed("HYDRA_LAUNCHER_EXTRA_ARGS", CONNECTION_ATTEMPTS),

@@ -27,6 +27,21 @@ pub fn unsupported_implementation_detail(kind: RuntimeKind, runtime: &str, value
     )
 }
 
+/// The admission warning for a runtime whose MPI implementation stock Kubeflow Trainer's
+/// controller builds no JobSet for (Decision 16), the same text on the runtime routes and the
+/// TrainJob route. `None` for Open MPI, a runtime without MPI, and an unsupported value (which is
+/// denied instead).
+pub fn trainer_support_warning(runtime: &TrainingRuntime) -> Option<String> {
+    let name = runtime.mpi()?.mpi_implementation();
+    let implementation = implementation::lookup(name)?;
+    (!implementation.built_by_trainer).then(|| {
+        format!(
+            "spec.mlPolicy.mpi.mpiImplementation {}: Kubeflow Trainer's controller (through 8c0f5059) builds no JobSet for it, so a TrainJob on this runtime never starts; for {name}, use mpi-webhook's JobSet mode instead: a plain JobSet labelled mpi-webhook.io/implementation: {name} (README \"JobSet mode\")",
+            go_quote(name)
+        )
+    })
+}
+
 /// Validates an MPI TrainJob against its runtime. `raw` is the TrainJob as the client sent it.
 /// Returns no errors when the runtime has no MPI policy (MPI never warns).
 pub fn validate_train_job(

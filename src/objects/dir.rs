@@ -95,15 +95,35 @@ impl KnownKind {
 /// # Errors
 /// The field path and serde's message.
 pub fn from_value<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, String> {
+    read_value(value, None)
+}
+
+/// Like [`from_value`], for a value that sits at `root` of a larger document: an error about the
+/// value as a whole (the wrong JSON type, a missing required member) names `root`
+/// (e.g. `request.object: invalid type: integer `7`, expected struct TrainJob`).
+///
+/// # Errors
+/// The field path (or `root`) and serde's message.
+pub fn from_value_at<T: serde::de::DeserializeOwned>(
+    value: &Value,
+    root: &str,
+) -> Result<T, String> {
+    read_value(value, Some(root))
+}
+
+fn read_value<T: serde::de::DeserializeOwned>(
+    value: &Value,
+    root: Option<&str>,
+) -> Result<T, String> {
     // Tracking the path costs an allocation per field visited, and only the error message needs
     // it: the plain deserialization runs first, the tracked one only to explain a failure.
     T::deserialize(value).or_else(|_| {
         serde_path_to_error::deserialize(value).map_err(|e| {
             let path = e.path().to_string();
-            if path == "." {
-                e.into_inner().to_string()
-            } else {
-                format!("{path}: {}", e.into_inner())
+            match (path.as_str(), root) {
+                (".", None) => e.into_inner().to_string(),
+                (".", Some(root)) => format!("{root}: {}", e.into_inner()),
+                _ => format!("{path}: {}", e.into_inner()),
             }
         })
     })

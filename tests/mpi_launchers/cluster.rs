@@ -5,8 +5,12 @@
 //!
 //! Emulation choices (each documented where it is made):
 //! - kubelet: Secret and ConfigMap volumes are materialized from the objects `render` printed,
-//!   with the items, paths and modes of the JobSet's volume, owned by root (pods here run as
-//!   root, no fsGroup), in kubelet's `..data` symlink layout, and bind-mounted read-only.
+//!   with the items, paths and modes of the JobSet's volume, owned by root, in kubelet's `..data`
+//!   symlink layout, and bind-mounted read-only. With a pod `fsGroup`, kubelet's ownership pass
+//!   follows: group fsGroup, group read added to files, setgid and group r-x on directories.
+//! - The container runtime: a container with `securityContext.runAsUser` runs as that user (the
+//!   image's, from its /etc/passwd), its primary group, and the pod's fsGroup as supplementary
+//!   group; mounts are set up as root first, as a runtime does.
 //! - JobSet's headless Service: every pod resolves `<pod>.<subdomain>` (and the FQDN) of every
 //!   pod through its own /etc/hosts; its own hostname is `<pod>` as in a real pod.
 //! - The container image: /etc is the host's /etc under a per-pod overlay that adds the image's
@@ -28,7 +32,7 @@ use serde_json::Value;
 
 use crate::launchers::Launcher;
 use crate::proc::{self, Daemon};
-use crate::product;
+use crate::product::{self, Image, ImageUser};
 
 const T: Duration = Duration::from_secs(30);
 /// Subnet of the test's private bridge (RFC 2544 benchmarking range); it exists only inside the
@@ -117,6 +121,7 @@ impl Pod {
 
 pub struct Cluster {
     tag: String,
+    image: Image,
     namespaces: Vec<String>,
     daemons: Vec<Daemon>,
     pub pods: Vec<Pod>,
@@ -142,9 +147,10 @@ fn sh_quote(s: &str) -> String {
 
 impl Cluster {
     /// Create the namespaces and links. `tag` must be unique on the machine (pid + counter).
-    pub fn create(tag: &str, plans: Vec<PodPlan>, dir: &Path) -> Result<Cluster> {
+    pub fn create(tag: &str, plans: Vec<PodPlan>, dir: &Path, image: Image) -> Result<Cluster> {
         let mut c = Cluster {
             tag: tag.to_string(),
+            image,
             namespaces: Vec::new(),
             daemons: Vec::new(),
             pods: Vec::new(),
@@ -208,6 +214,23 @@ impl Cluster {
         Ok(())
     }
 
+    /// The user pod `p`'s `node` container runs as: its `securityContext.runAsUser` (else the
+    /// pod's), which must be the image's user; `None` is root.
+    fn container_user(&self, p: &Pod) -> Result<Option<ImageUser>> {
+        let container = product::node_container(&p.plan.pod_spec)?;
+        let uid = container["securityContext"]["runAsUser"]
+            .as_u64()
+            .or_else(|| p.plan.pod_spec["securityContext"]["runAsUser"].as_u64());
+        match (uid, self.image.user) {
+            (None | Some(0), _) => Ok(None),
+            (Some(uid), Some(user)) if u64::from(user.uid) == uid => Ok(Some(user)),
+            (Some(uid), _) => bail!(
+                "pod {} runs as uid {uid}, which the emulated image has no user for",
+                p.plan.hostname
+            ),
+        }
+    }
+
     /// The names pod `p` can resolve, as an /etc/hosts file. Models Kubernetes: kubelet's line for
     /// the pod itself (FQDN and hostname), and cluster DNS for the JobSet's headless Service
     /// (`<pod>.<subdomain>.<ns>.svc.<cluster domain>`, found by the resolver through the pod's
@@ -266,6 +289,18 @@ impl Cluster {
             .as_array()
             .cloned()
             .unwrap_or_default();
+        let user = self.container_user(p)?;
+        let fs_group = match p.plan.pod_spec["securityContext"]["fsGroup"].as_u64() {
+            Some(g) => Some(u32::try_from(g).context("fsGroup out of range")?),
+            None => None,
+        };
+        let image = self.image;
+        // The image's own files that live outside /etc: sshd's configuration and host key.
+        let (host_key, home) = match user {
+            Some(u) => (format!("{}/.sshd_host_ecdsa_key", u.home), Some(u.home)),
+            None => ("/etc/ssh/ssh_host_ecdsa_key".to_string(), None),
+        };
+        let image_files = [PathBuf::from(image.sshd_config), PathBuf::from(&host_key)];
 
         // Mount points that may not exist on the host get an overlay on their nearest existing
         // ancestor, so the directory is created in the pod's upper layer only.
@@ -300,7 +335,7 @@ impl Cluster {
                     )
                 })?;
             let src = p.dir.join("volumes").join(vname);
-            materialize_volume(vol, rendered, &src)
+            materialize_volume(vol, rendered, &src, fs_group)
                 .with_context(|| format!("pod {}: volume {vname}", p.plan.hostname))?;
             binds.push((src, mpath.clone()));
             if !mpath.is_dir() {
@@ -308,11 +343,18 @@ impl Cluster {
                 overlays.insert(nearest_existing_ancestor(&mpath)?);
             }
         }
-        // sshd's privilege separation directory (the image would have it).
-        let privsep = PathBuf::from("/run/sshd");
-        if !privsep.is_dir() {
-            mkdirs.push(privsep.clone());
-            overlays.insert(nearest_existing_ancestor(&privsep)?);
+        // sshd's privilege separation directory and the image's directories (the image would
+        // have them).
+        let mut image_dirs = vec![PathBuf::from("/run/sshd")];
+        image_dirs.extend(home.map(PathBuf::from));
+        for f in &image_files {
+            image_dirs.extend(f.parent().map(Path::to_path_buf));
+        }
+        for d in image_dirs {
+            if !d.is_dir() && !mkdirs.contains(&d) {
+                overlays.insert(nearest_existing_ancestor(&d)?);
+                mkdirs.push(d);
+            }
         }
         // Overlays must not nest.
         let roots: Vec<PathBuf> = overlays
@@ -349,6 +391,17 @@ impl Cluster {
         for d in &mkdirs {
             std::fs::create_dir_all(in_upper(d)?)?;
         }
+        if let (Some(u), Some(home)) = (user, home) {
+            // The image's user owns its home directory.
+            std::os::unix::fs::chown(in_upper(Path::new(home))?, Some(u.uid), Some(u.gid))?;
+            let (passwd, group) = image_user_db(&u)?;
+            write_file(
+                &in_upper(Path::new("/etc/passwd"))?,
+                passwd.as_bytes(),
+                0o644,
+            )?;
+            write_file(&in_upper(Path::new("/etc/group"))?, group.as_bytes(), 0o644)?;
+        }
 
         // Image files, in the /etc overlay.
         write_file(&in_upper(Path::new("/etc/hosts"))?, hosts.as_bytes(), 0o644)?;
@@ -359,32 +412,43 @@ impl Cluster {
         )?;
         // Emulates the runtime image's ssh defaults (mpi-operator's base image sets the same):
         // pods are new hosts every time, so host keys cannot be known in advance.
+        // The client's port is the image's sshd's.
         write_file(
             &in_upper(Path::new("/etc/ssh/ssh_config.d/mpi-image.conf"))?,
-            b"Host *\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n    LogLevel ERROR\n",
+            format!(
+                "Host *\n    Port {}\n    StrictHostKeyChecking no\n    UserKnownHostsFile /dev/null\n    LogLevel ERROR\n",
+                image.sshd_port
+            )
+            .as_bytes(),
             0o644,
         )?;
-        let host_key = in_upper(Path::new("/etc/ssh/ssh_host_ecdsa_key"))?;
-        if !host_key.exists() {
+        let host_key_file = in_upper(Path::new(&host_key))?;
+        if !host_key_file.exists() {
             proc::run_ok(
                 Command::new("ssh-keygen")
                     .args(["-q", "-t", "ecdsa", "-N", "", "-C", "", "-f"])
-                    .arg(&host_key),
+                    .arg(&host_key_file),
                 T,
             )?;
         }
-        // The image's sshd: root login with keys only, no PAM (no logind here). StrictModes is
-        // off as in mpi-operator's base image, because the modes of kubelet's volume directories
-        // depend on the medium and fsGroup and are not the product's to choose. SetEnv gives ssh
-        // sessions the image's PATH (where a real image has the MPI daemons).
+        if let Some(u) = user {
+            // A non-root sshd reads its own host key.
+            std::os::unix::fs::chown(&host_key_file, Some(u.uid), Some(u.gid))?;
+        }
+        // The image's sshd: login with keys only, no PAM (no logind here; a non-root sshd cannot
+        // use it either). StrictModes is off as in mpi-operator's base image, because the modes of
+        // kubelet's volume directories depend on the medium and fsGroup and are not the product's
+        // to choose. SetEnv gives ssh sessions the image's PATH (where a real image has the MPI
+        // daemons).
         let sshd_config = format!(
-            "Port 22\nHostKey /etc/ssh/ssh_host_ecdsa_key\nPermitRootLogin prohibit-password\n\
+            "Port {}\nHostKey {host_key}\nPermitRootLogin prohibit-password\n\
              PubkeyAuthentication yes\nPasswordAuthentication no\nKbdInteractiveAuthentication no\n\
              UsePAM no\nStrictModes no\nPidFile none\nLogLevel VERBOSE\nSetEnv PATH={}\n",
+            image.sshd_port,
             launcher.path_env()
         );
         write_file(
-            &in_upper(Path::new("/etc/ssh/sshd_config"))?,
+            &in_upper(Path::new(image.sshd_config))?,
             sshd_config.as_bytes(),
             0o644,
         )?;
@@ -415,7 +479,19 @@ impl Cluster {
             "echo {} > /proc/sys/kernel/hostname",
             sh_quote(&p.plan.hostname)
         );
-        s.push_str("exec \"$@\"\n");
+        match user {
+            // The container runtime's switch to the container's user, after the mounts.
+            Some(u) => {
+                let groups =
+                    fs_group.map_or("--clear-groups".to_string(), |g| format!("--groups={g}"));
+                let _ = writeln!(
+                    s,
+                    "exec setpriv --reuid={} --regid={} {groups} -- \"$@\"",
+                    u.uid, u.gid
+                );
+            }
+            None => s.push_str("exec \"$@\"\n"),
+        }
         write_file(&p.init, s.as_bytes(), 0o755)?;
         Ok(())
     }
@@ -428,7 +504,8 @@ impl Cluster {
         argv: &[String],
         path: &str,
         env: &[(String, String)],
-    ) -> Command {
+    ) -> Result<Command> {
+        let home = self.container_user(p)?.map_or("/root", |u| u.home);
         let mut cmd = Command::new("ip");
         cmd.args([
             "netns",
@@ -446,12 +523,12 @@ impl Cluster {
         .args(argv)
         .env_clear()
         .env("PATH", path)
-        .env("HOME", "/root")
+        .env("HOME", home)
         .env("HOSTNAME", &p.plan.hostname);
         for (k, v) in env {
             cmd.env(k, v);
         }
-        cmd
+        Ok(cmd)
     }
 
     /// Start a pod whose container is a daemon (sshd) and wait until it listens.
@@ -463,7 +540,7 @@ impl Cluster {
         ready: &str,
     ) -> Result<()> {
         let p = &self.pods[idx];
-        let mut cmd = self.pod_command(p, argv, path, &[]);
+        let mut cmd = self.pod_command(p, argv, path, &[])?;
         let mut d = Daemon::spawn(&p.plan.hostname, &mut cmd)?;
         let res = d.wait_for(ready, T);
         self.daemons.push(d);
@@ -595,10 +672,42 @@ pub fn stale_namespaces() -> Vec<String> {
         .collect()
 }
 
+/// The image's /etc/passwd and /etc/group: the host's, with `u` in place of any entry that
+/// has its name or id.
+fn image_user_db(u: &ImageUser) -> Result<(String, String)> {
+    let keep = |text: String, id: u32| -> String {
+        text.lines()
+            .filter(|l| {
+                let mut f = l.split(':');
+                let name = f.next().unwrap_or("");
+                let num = f.nth(1).unwrap_or("");
+                name != u.name && num != id.to_string()
+            })
+            .map(|l| format!("{l}\n"))
+            .collect()
+    };
+    let mut passwd = keep(std::fs::read_to_string("/etc/passwd")?, u.uid);
+    let _ = writeln!(
+        passwd,
+        "{}:x:{}:{}::{}:/bin/sh",
+        u.name, u.uid, u.gid, u.home
+    );
+    let mut group = keep(std::fs::read_to_string("/etc/group")?, u.gid);
+    let _ = writeln!(group, "{}:x:{}:", u.name, u.gid);
+    Ok((passwd, group))
+}
+
 /// What kubelet does for a Secret / ConfigMap volume: the items (or all keys) as files with the
 /// given modes, owned by root, in the `..data` layout (`<dir>/<path> -> ..data/<path>`,
-/// `..data -> ..<timestamp>`).
-fn materialize_volume(vol: &Value, rendered: &[Value], dir: &Path) -> Result<()> {
+/// `..data -> ..<timestamp>`). With `fs_group`, kubelet's ownership pass on the read-only volume
+/// (`SetVolumeOwnership`): everything gets group `fs_group` (symlinks too, with lchown), files get
+/// group read added to their mode (`|= 0440`), directories setgid and group r-x (`|= 02550`).
+fn materialize_volume(
+    vol: &Value,
+    rendered: &[Value],
+    dir: &Path,
+    fs_group: Option<u32>,
+) -> Result<()> {
     let (kind, source, obj_name) = if let Some(s) = vol.get("secret").filter(|s| !s.is_null()) {
         ("Secret", s, s["secretName"].as_str())
     } else if let Some(c) = vol.get("configMap").filter(|c| !c.is_null()) {
@@ -649,5 +758,22 @@ fn materialize_volume(vol: &Value, rendered: &[Value], dir: &Path) -> Result<()>
     std::os::unix::fs::symlink(ts.file_name().context("ts dir name")?, dir.join("..data"))?;
     std::fs::set_permissions(&ts, std::fs::Permissions::from_mode(0o755))?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755))?;
+    if let Some(group) = fs_group {
+        let mut entries = vec![dir.to_path_buf(), ts.clone(), dir.join("..data")];
+        for (_, path, _) in &items {
+            entries.push(ts.join(path));
+            entries.push(dir.join(path));
+        }
+        for e in entries {
+            std::os::unix::fs::lchown(&e, None, Some(group))?;
+            let meta = std::fs::symlink_metadata(&e)?;
+            if meta.file_type().is_symlink() {
+                continue; // a symlink's mode means nothing; kubelet skips them too
+            }
+            let add = if meta.is_dir() { 0o2550 } else { 0o440 };
+            let mode = meta.permissions().mode() & 0o7777 | add;
+            std::fs::set_permissions(&e, std::fs::Permissions::from_mode(mode))?;
+        }
+    }
     Ok(())
 }

@@ -6,8 +6,13 @@
 //! JobSet patch); the patched JobSet's pods are built as network namespaces (see cluster.rs), the
 //! worker pods run their container command (sshd), and the launcher pod runs its container command
 //! (the real `mpirun`/`mpiexec`, no host or hostfile flags) with exactly the container env of the
-//! patched JobSet. Each rank reports its hostname and network namespace; the test asserts the
+//! patched JobSet. Each rank reports its hostname, network namespace and uid; the test asserts the
 //! ranks ran on exactly the hostfile's hosts, with the hostfile's slots on each.
+//!
+//! Every scenario runs in one of mpi-webhook's modes ([`product::Mode`]). TrainJob mode runs the
+//! pods as Kubeflow Trainer's shipped MPI runtimes do (user 1000, `fsGroup: 1000`, SSH files under
+//! `/home/mpiuser/.ssh`, sshd on 2222), with kubelet's fsGroup treatment of the Secret volume:
+//! that is how upstream's `id_rsa` mode 0640, which TrainJob mode keeps, is usable by ssh.
 //!
 //! Open MPI 5 also gets a negative control: with only upstream's four OMPI_MCA_orte_* vars the
 //! ranks stay on the launcher (kubeflow/trainer#4028) and the job still "succeeds".
@@ -32,6 +37,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use cluster::{Cluster, plan_pods};
 use launchers::Launcher;
+use product::Mode;
 
 /// Development knob: an RFC 6902 patch file applied to the JobSet after the product's patch, to
 /// try a change (an env var, a mode) on the real launchers before proposing it. Refused under CI.
@@ -52,7 +58,7 @@ fn say(line: &str) {
 const PROBE: &str = r#"#!/bin/sh
 rank="${OMPI_COMM_WORLD_RANK:-${PMI_RANK:-${PMIX_RANK:-unknown}}}"
 size="${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-unknown}}"
-echo "MPIW-RANK rank=$rank size=$size host=$(cat /proc/sys/kernel/hostname) netns=$(readlink /proc/self/ns/net)"
+echo "MPIW-RANK rank=$rank size=$size host=$(cat /proc/sys/kernel/hostname) netns=$(readlink /proc/self/ns/net) uid=$(id -u)"
 "#;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -68,6 +74,7 @@ struct Rank {
     rank: String,
     host: String,
     netns: String,
+    uid: String,
 }
 
 fn parse_ranks(stdout: &str) -> Vec<Rank> {
@@ -85,6 +92,7 @@ fn parse_ranks(stdout: &str) -> Vec<Rank> {
                 rank: field("rank"),
                 host: field("host"),
                 netns: field("netns"),
+                uid: field("uid"),
             }
         })
         .collect()
@@ -122,7 +130,14 @@ struct Outcome {
     line: String,
 }
 
-fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) -> Result<Outcome> {
+fn scenario(
+    l: &Launcher,
+    version: &str,
+    mode: Mode,
+    lan: bool,
+    env_kind: Env,
+    tag: &str,
+) -> Result<Outcome> {
     let work = tempfile::Builder::new()
         .prefix(&format!("{}{}-", cluster::TMP_PREFIX, std::process::id()))
         .tempdir()?;
@@ -137,7 +152,7 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
         l.program.to_string_lossy().into_owned(),
         probe.to_string_lossy().into_owned(),
     ];
-    let inputs = product::inputs(l, &name, lan, command);
+    let inputs = product::inputs(l, mode, &name, lan, command);
     let mut products = product::run(&inputs, work.path())?;
     if let Some(file) = std::env::var_os(EXPERIMENT_VAR) {
         // Development only (refused under CI): try a product change before making it.
@@ -190,7 +205,7 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
     let expected = parse_hostfile(l.implementation, &hostfile)?;
     ensure!(!expected.is_empty(), "the hostfile is empty");
 
-    let mut cluster = Cluster::create(tag, plans, work.path())?;
+    let mut cluster = Cluster::create(tag, plans, work.path(), mode.image())?;
     cluster.prepare(&products.rendered, l)?;
     // Which pod does each hostfile line denote? (pod hostname -> (hostfile name, slots))
     let mut expected_pods: BTreeMap<String, (String, u32)> = BTreeMap::new();
@@ -233,7 +248,7 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
     let argv = container_argv(&launcher_container)?;
     let lp = &cluster.pods[launcher_idx];
     let out = proc::run(
-        &mut cluster.pod_command(lp, &argv, &l.path_env(), &env),
+        &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
         LAUNCH_TIMEOUT,
     )?;
     let daemon_logs = cluster.daemon_logs();
@@ -265,6 +280,14 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
                 r.rank, r.host
             )));
         };
+        // Every rank runs as the container's user (the launcher's ssh used the Secret's key).
+        let want_uid = mode.image().user.map_or(0, |u| u.uid).to_string();
+        if r.uid != want_uid {
+            return Err(fail(format!(
+                "rank {} ran as uid {}, the pods run as {want_uid}",
+                r.rank, r.uid
+            )));
+        }
         if ns != &r.netns {
             return Err(fail(format!(
                 "rank {} says host {} but ran in network namespace {} (that pod's is {ns})",
@@ -287,7 +310,7 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
         })
         .collect::<Vec<_>>()
         .join(" ");
-    let mode = format!("runLauncherAsNode={lan}");
+    let mode = format!("{} runLauncherAsNode={lan}", mode.label());
 
     match env_kind {
         Env::Product => {
@@ -304,7 +327,7 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
             }
             Ok(Outcome {
                 line: format!(
-                    "{:<10} {version:<10} {mode:<24} hosts reached {}/{} ranks per host: {placement}",
+                    "{:<10} {version:<10} {mode:<38} hosts reached {}/{} ranks per host: {placement}",
                     l.label,
                     per_host.len(),
                     want.len()
@@ -321,7 +344,7 @@ fn scenario(l: &Launcher, version: &str, lan: bool, env_kind: Env, tag: &str) ->
             }
             Ok(Outcome {
                 line: format!(
-                    "{:<10} {version:<10} {mode:<24} upstream env only (4 OMPI_MCA_orte_*/plm_rsh vars): \
+                    "{:<10} {version:<10} {mode:<38} upstream env only (4 OMPI_MCA_orte_*/plm_rsh vars): \
                      exit 0, workers reached 0/{} ranks per host: {placement} (kubeflow/trainer#4028 reproduced)",
                     l.label,
                     expected_pods
@@ -423,18 +446,23 @@ fn mpi_launchers() {
             continue;
         }
         let version = l.version();
-        let mut cases = vec![(false, Env::Product), (true, Env::Product)];
+        let mode = Mode::TrainJob;
+        let mut cases = vec![(mode, false, Env::Product), (mode, true, Env::Product)];
         if l.id == "ompi5" {
-            cases.push((false, Env::UpstreamOnly));
-            cases.push((true, Env::UpstreamOnly));
+            cases.push((mode, false, Env::UpstreamOnly));
+            cases.push((mode, true, Env::UpstreamOnly));
         }
-        for (lan, env_kind) in cases {
+        for (mode, lan, env_kind) in cases {
             n += 1;
             let tag = format!("{}{pid}s{n}", cluster::NS_PREFIX);
-            match scenario(l, &version, lan, env_kind, &tag) {
+            match scenario(l, &version, mode, lan, env_kind, &tag) {
                 Ok(o) => say(&o.line),
                 Err(e) => {
-                    let head = format!("{} runLauncherAsNode={lan} {env_kind:?}", l.label);
+                    let head = format!(
+                        "{} {} runLauncherAsNode={lan} {env_kind:?}",
+                        l.label,
+                        mode.label()
+                    );
                     let first = format!("{e:#}");
                     let first = first.lines().next().unwrap_or("").to_string();
                     say(&format!("{head}: FAILED: {first} (details below)"));

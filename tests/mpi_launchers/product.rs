@@ -18,8 +18,67 @@ pub const NAMESPACE: &str = "mpiw";
 pub const SLOTS: u32 = 2;
 /// The TrainJob's spec.trainer.numNodes (issue 7: numNodes 3).
 pub const NUM_NODES: u32 = 3;
-/// Where the runtime mounts the SSH Secret: the CRD default, i.e. root's ~/.ssh.
-pub const SSH_AUTH_MOUNT_PATH: &str = "/root/.ssh";
+
+/// Which of mpi-webhook's modes a scenario runs, and so how its pods run. JobSet mode (issue 14,
+/// root launchers, `id_rsa` 0600) becomes a second variant with its own [`Image`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Next to Kubeflow Trainer: the runtime has the shape of Trainer's shipped MPI runtimes
+    /// (`deepspeed-distributed`, `mlx-distributed`), which run launcher and workers as user 1000
+    /// with `fsGroup: 1000` and mount the SSH Secret at `/home/mpiuser/.ssh`.
+    TrainJob,
+}
+
+/// The user a runtime image runs as (an entry of the image's /etc/passwd).
+#[derive(Clone, Copy, Debug)]
+pub struct ImageUser {
+    pub name: &'static str,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: &'static str,
+}
+
+/// What the test emulates of a runtime's image and pod security context.
+#[derive(Clone, Copy, Debug)]
+pub struct Image {
+    /// `runAsUser` of both containers and `fsGroup` of both pods (`None`: root, no fsGroup).
+    pub user: Option<ImageUser>,
+    /// The runtime's `mlPolicy.mpi.sshAuthMountPath`.
+    pub ssh_auth_mount_path: &'static str,
+    /// The image's sshd configuration file, passed to sshd with `-f`.
+    pub sshd_config: &'static str,
+    /// The port the image's sshd listens on, and its ssh client's default port.
+    pub sshd_port: u16,
+}
+
+/// Upstream's runtimes (manifests/runtimes/deepspeed_distributed.yaml): `runAsUser: 1000`,
+/// `fsGroup: 1000`, `sshAuthMountPath: /home/mpiuser/.ssh`, sshd `-De -f /home/mpiuser/.sshd_config`
+/// listening on 2222 (the readiness probe's port).
+const TRAINER_RUNTIME_IMAGE: Image = Image {
+    user: Some(ImageUser {
+        name: "mpiuser",
+        uid: 1000,
+        gid: 1000,
+        home: "/home/mpiuser",
+    }),
+    ssh_auth_mount_path: "/home/mpiuser/.ssh",
+    sshd_config: "/home/mpiuser/.sshd_config",
+    sshd_port: 2222,
+};
+
+impl Mode {
+    pub fn image(self) -> Image {
+        match self {
+            Mode::TrainJob => TRAINER_RUNTIME_IMAGE,
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::TrainJob => "TrainJob mode",
+        }
+    }
+}
 
 /// What the user and the cluster give mpi-webhook for one scenario.
 pub struct Inputs {
@@ -39,11 +98,19 @@ pub struct Products {
 
 pub fn inputs(
     l: &Launcher,
+    mode: Mode,
     name: &str,
     run_launcher_as_node: bool,
     command: Vec<String>,
 ) -> Inputs {
+    let image = mode.image();
     let runtime_name = format!("{name}-rt");
+    let image_name = format!("mpiw.test/{}:latest", l.id);
+    // Kubelet's and the container runtime's inputs: the pod's fsGroup, the container's user.
+    let (pod_security, container_security) = match image.user {
+        Some(u) => (json!({"fsGroup": u.gid}), json!({"runAsUser": u.uid})),
+        None => (json!({}), json!({})),
+    };
     let runtime = json!({
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "ClusterTrainingRuntime",
@@ -54,23 +121,24 @@ pub fn inputs(
                 "mpi": {
                     "numProcPerNode": SLOTS,
                     "mpiImplementation": l.implementation,
-                    "sshAuthMountPath": SSH_AUTH_MOUNT_PATH,
+                    "sshAuthMountPath": image.ssh_auth_mount_path,
                     "runLauncherAsNode": run_launcher_as_node,
                 }
             },
-            // The shape of upstream's deepspeed-distributed runtime, running as root (the CRD's
-            // default sshAuthMountPath /root/.ssh is root's home).
+            // The shape of upstream's deepspeed-distributed runtime, security context included.
             "template": {"spec": {
                 "network": {"publishNotReadyAddresses": true},
                 "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
                 "replicatedJobs": [
                     {"name": "node", "template": {"spec": {"template": {"spec": {
+                        "securityContext": pod_security,
                         "containers": [{
                             "name": "node",
-                            "image": format!("mpiw.test/{}:latest", l.id),
+                            "image": image_name,
+                            "securityContext": container_security,
                             "command": ["/usr/sbin/sshd"],
-                            "args": ["-De", "-f", "/etc/ssh/sshd_config"],
-                            "readinessProbe": {"tcpSocket": {"port": 22}, "initialDelaySeconds": 1},
+                            "args": ["-De", "-f", image.sshd_config],
+                            "readinessProbe": {"tcpSocket": {"port": image.sshd_port}, "initialDelaySeconds": 1},
                         }]
                     }}}}},
                     {"name": "launcher",
@@ -78,7 +146,8 @@ pub fn inputs(
                      "template": {
                         "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
                         "spec": {"template": {"spec": {
-                            "containers": [{"name": "node", "image": format!("mpiw.test/{}:latest", l.id)}]
+                            "securityContext": pod_security,
+                            "containers": [{"name": "node", "image": image_name, "securityContext": container_security}]
                         }}}
                     }},
                 ]
@@ -87,7 +156,7 @@ pub fn inputs(
     });
     // Open MPI refuses to run as root unless told; a root launcher image or TrainJob sets these
     // (they are the user's env, not MPI wiring, and reach the launcher like any trainer env).
-    let env: Vec<Value> = if l.implementation == "OpenMPI" {
+    let env: Vec<Value> = if l.implementation == "OpenMPI" && image.user.is_none() {
         vec![
             json!({"name": "OMPI_ALLOW_RUN_AS_ROOT", "value": "1"}),
             json!({"name": "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "value": "1"}),

@@ -1,6 +1,6 @@
 //! Development stand-in for the product, selected with `MPI_LAUNCHERS_PRODUCT=spec` (refused under
 //! CI): the Secret, hostfile and JobSet changes written by hand from the behaviour spec (sections C, D
-//! and Decision 5) *with the three changes this test showed the launchers need* (marked
+//! and Decisions 5 and 16) *with the changes this test showed the launchers need* (marked
 //! "issue 7" below). It lets a failure be told apart: the spec (or the environment) vs. the
 //! implementation. Never the default.
 
@@ -102,9 +102,10 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
         "data": {"hostfile": hostfile},
     });
 
-    // issue 7: 0600, not 0640: ssh refuses a private key its owner's group can read, and a root
-    // launcher owns the file (kubelet writes it as root).
-    let key_mode: u64 = 0o600;
+    // TrainJob mode: upstream's 0640 (Decision 16); the pods run as user 1000 with fsGroup, so
+    // the key is root's and readable through the group, which ssh accepts. (issue 7 found that a
+    // root launcher needs 0600: that is JobSet mode's, Decision 18.)
+    let key_mode: u64 = 0o640;
     let ssh_vol = json!({"name": "mpi-ssh-auth", "secret": {
     "secretName": format!("{name}-mpi-ssh-auth"), "defaultMode": 256,
     "items": [

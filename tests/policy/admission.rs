@@ -235,6 +235,28 @@ async fn unreadable_object_is_denied_naming_the_field() {
     );
 }
 
+/// Found by the `validation` fuzz target: an object that is not a JSON object at all is denied
+/// naming `request.object`, not with serde's bare message (and an array is not read as a struct).
+#[tokio::test]
+async fn an_object_unreadable_as_a_whole_is_denied_naming_request_object() {
+    for (object, expected) in [
+        (
+            json!(2147483647),
+            "TrainJob cannot be read: request.object: invalid type: number, expected a JSON object",
+        ),
+        (
+            json!(["spec"]),
+            "TrainJob cannot be read: request.object: invalid type: array, expected a JSON object",
+        ),
+    ] {
+        let mut review = admission_review(TRAINJOB, "CREATE", train_job(json!({})));
+        review["request"]["object"] = object;
+        let response = respond(Route::ValidateTrainJob, &review, &Snapshot::default()).await;
+        assert_eq!(response["response"]["allowed"], false);
+        assert_eq!(response["response"]["status"]["message"], expected);
+    }
+}
+
 #[tokio::test]
 async fn jobset_owned_by_an_mpi_trainjob_is_patched_once() {
     let (js, objects) = mpi_jobset(json!({"numNodes": 3}));
@@ -483,6 +505,95 @@ async fn runtime_routes_validate_runtimes() {
     )
     .await;
     assert_eq!(response["response"]["allowed"], true);
+}
+
+/// The warning for an implementation stock Trainer builds no JobSet for (Decision 16), written
+/// out in full: the same text on the runtime routes and the TrainJob route.
+fn trainer_support_warning(implementation: &str) -> String {
+    format!(
+        "spec.mlPolicy.mpi.mpiImplementation \"{implementation}\": Kubeflow Trainer's controller (through 8c0f5059) builds no JobSet for it, so a TrainJob on this runtime never starts; for {implementation}, use mpi-webhook's JobSet mode instead: a plain JobSet labelled mpi-webhook.io/implementation: {implementation} (README \"JobSet mode\")"
+    )
+}
+
+const TRAINING_RUNTIME: (&str, &str, &str) =
+    ("trainer.kubeflow.org", "v1alpha1", "TrainingRuntime");
+const CLUSTER_TRAINING_RUNTIME: (&str, &str, &str) =
+    ("trainer.kubeflow.org", "v1alpha1", "ClusterTrainingRuntime");
+
+#[tokio::test]
+async fn intel_and_mpich_runtimes_are_admitted_with_a_warning_open_mpi_without() {
+    for (implementation, warnings) in [
+        ("Intel", json!([trainer_support_warning("Intel")])),
+        ("MPICH", json!([trainer_support_warning("MPICH")])),
+        ("OpenMPI", Value::Null),
+    ] {
+        let mut rt = mpi_runtime();
+        rt["spec"]["mlPolicy"]["mpi"]["mpiImplementation"] = json!(implementation);
+        let mut cluster_rt = rt.clone();
+        cluster_rt["kind"] = json!("ClusterTrainingRuntime");
+        cluster_rt["metadata"] = json!({"name": "cluster-runtime"});
+        for (route, kind, object) in [
+            (Route::ValidateTrainingRuntime, TRAINING_RUNTIME, rt),
+            (
+                Route::ValidateClusterTrainingRuntime,
+                CLUSTER_TRAINING_RUNTIME,
+                cluster_rt,
+            ),
+        ] {
+            for operation in ["CREATE", "UPDATE"] {
+                let body = admission_review(kind, operation, object.clone());
+                let response = respond(route, &body, &Snapshot::default()).await;
+                assert_eq!(
+                    response["response"]["allowed"], true,
+                    "{implementation} {route:?}"
+                );
+                assert_eq!(
+                    response["response"]["warnings"], warnings,
+                    "{implementation} {route:?} {operation}"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn trainjobs_on_intel_and_mpich_runtimes_are_admitted_with_the_same_warning() {
+    for implementation in ["Intel", "MPICH"] {
+        let mut rt = mpi_runtime();
+        rt["spec"]["mlPolicy"]["mpi"]["mpiImplementation"] = json!(implementation);
+        let objects = snapshot(&[(RuntimeKind::TrainingRuntime, rt)], &[]);
+        let body = admission_review(TRAINJOB, "CREATE", train_job(json!({"numNodes": 2})));
+        let response = respond(Route::ValidateTrainJob, &body, &objects).await;
+        assert_eq!(response["response"]["allowed"], true);
+        assert_eq!(
+            response["response"]["warnings"],
+            json!([trainer_support_warning(implementation)])
+        );
+    }
+    // A denied TrainJob still carries the warning: both are true.
+    let mut rt = mpi_runtime();
+    rt["spec"]["mlPolicy"]["mpi"]["mpiImplementation"] = json!("MPICH");
+    let objects = snapshot(&[(RuntimeKind::TrainingRuntime, rt)], &[]);
+    let tj = train_job(json!({"env": [{"name": "HYDRA_IFACE", "value": "eth1"}]}));
+    let response = respond(
+        Route::ValidateTrainJob,
+        &admission_review(TRAINJOB, "CREATE", tj),
+        &objects,
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"spec.trainer.env: Invalid value: [{"name":"HYDRA_IFACE","value":"eth1"}]: must not have reserved envs, invalid envs configured: [HYDRA_IFACE]"#
+    );
+    assert_eq!(
+        response["response"]["warnings"],
+        json!([trainer_support_warning("MPICH")])
+    );
+    // Open MPI (what stock Trainer builds): no warning.
+    let objects = snapshot(&[(RuntimeKind::TrainingRuntime, mpi_runtime())], &[]);
+    let body = admission_review(TRAINJOB, "CREATE", train_job(json!({"numNodes": 2})));
+    let response = respond(Route::ValidateTrainJob, &body, &objects).await;
+    assert_eq!(response["response"].get("warnings"), None);
 }
 
 #[tokio::test]

@@ -2,8 +2,10 @@
 //! Decisions) asserted on exact outputs, through the library's pure API. No network.
 
 mod admission;
+mod coexistence;
 mod enforce;
 mod jobset_mode;
 mod render;
+mod ssa;
 mod support;
 mod validate;

@@ -22,6 +22,8 @@ fn pi(trainer: Value) -> Value {
     tj
 }
 
+/// numNodes 3 on deepspeed-distributed is spec D.3's example: the hostfile is that text, byte for
+/// byte (Decision 16: the ConfigMap Trainer applies next to ours holds the same text).
 #[test]
 fn upstream_runtimes_render_for_one_two_and_three_nodes() {
     for runtime_name in ["deepspeed", "mlx"] {
@@ -65,6 +67,7 @@ fn upstream_runtimes_render_for_one_two_and_three_nodes() {
     }
 }
 
+/// Spec D.3's GPU variant, byte for byte.
 #[test]
 fn upstream_runtime_with_gpus_uses_gpu_count_as_slots() {
     let rt = upstream_runtime("deepspeed");
