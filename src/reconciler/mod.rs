@@ -13,6 +13,7 @@
 //! watches, leader election and the probe server.
 
 mod conflict;
+mod jobset;
 mod leader;
 mod metrics;
 mod run;
@@ -37,7 +38,7 @@ use tokio::sync::watch;
 
 use crate::api::TrainJob;
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
-use crate::mpi::{HOSTFILE_NAME, MANAGER, hostfile_configmap_name, ssh_secret_name};
+use crate::mpi::{HOSTFILE_NAME, MANAGER, Owner, hostfile_configmap_name, ssh_secret_name};
 use crate::objects::cluster::ClusterObjects;
 use crate::objects::{LookupError, ObjectSource};
 use crate::render::{Problem, hostfile_for, runtime_ref};
@@ -126,11 +127,12 @@ impl Error {
         )
     }
 
-    /// The reason of the Warning Event published on the TrainJob.
-    fn event_reason(&self) -> &'static str {
+    /// The reason of the Warning Event published on the owner: `failed`, the owner kind's reason
+    /// for objects that could not be built or written, unless the hostfile was left to Trainer.
+    fn event_reason(&self, failed: &'static str) -> &'static str {
         match self {
             Error::HostfileConflict(_) => HOSTFILE_CONFLICT_REASON,
-            _ => FAILED_REASON,
+            _ => failed,
         }
     }
 }
@@ -263,7 +265,14 @@ impl Context {
         }
     }
 
-    async fn publish(&self, train_job: &TrainJob, type_: EventType, reason: &str, note: String) {
+    /// Publishes an Event on `regarding` (the TrainJob, or in JobSet mode the JobSet).
+    async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        regarding: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_string(),
@@ -273,7 +282,7 @@ impl Context {
         };
         if let Err(error) = self
             .recorder
-            .publish(&event, &train_job.object_ref(&()))
+            .publish(&event, &regarding.object_ref(&()))
             .await
         {
             tracing::warn!(%error, reason, "publishing an Event failed");
@@ -281,15 +290,22 @@ impl Context {
     }
 }
 
-/// Per-TrainJob retry counters for exponential backoff; reset by a successful reconcile.
-#[derive(Debug, Default)]
-struct Retries(Mutex<HashMap<ObjectRef<TrainJob>, u32>>);
+/// Per-object (TrainJob, or JobSet in JobSet mode) retry counters for exponential backoff;
+/// reset by a successful reconcile.
+#[derive(Debug)]
+struct Retries<K = ObjectRef<TrainJob>>(Mutex<HashMap<K, u32>>);
 
-impl Retries {
+impl<K> Default for Retries<K> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Retries<K> {
     /// Bound on remembered TrainJobs (a deleted failing TrainJob leaves its counter behind).
     const MAX_ENTRIES: usize = 10_000;
 
-    fn next_delay(&self, key: ObjectRef<TrainJob>) -> Duration {
+    fn next_delay(&self, key: K) -> Duration {
         let mut failures = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if failures.len() >= Self::MAX_ENTRIES {
             failures.clear();
@@ -301,7 +317,7 @@ impl Retries {
             .min(RETRY_MAX)
     }
 
-    fn forget(&self, key: &ObjectRef<TrainJob>) {
+    fn forget(&self, key: &K) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 }
@@ -375,8 +391,8 @@ pub async fn reconcile(train_job: Arc<TrainJob>, ctx: Arc<Context>) -> Result<Ac
     match reconcile_children(&train_job, &ctx).await {
         Ok(written) => {
             ctx.retries.forget(&ObjectRef::from_obj(train_job.as_ref()));
-            if let Some(note) = written_note(&train_job, written) {
-                ctx.publish(&train_job, EventType::Normal, "Created", note)
+            if let Some(note) = written_note(train_job.name(), written) {
+                ctx.publish(train_job.as_ref(), EventType::Normal, "Created", note)
                     .await;
             }
             Ok(Action::await_change())
@@ -384,7 +400,12 @@ pub async fn reconcile(train_job: Arc<TrainJob>, ctx: Arc<Context>) -> Result<Ac
         Err(Error::NotLeader) => Ok(Action::await_change()),
         Err(error) => {
             let note = error.to_string();
-            ctx.publish(&train_job, EventType::Warning, error.event_reason(), note)
+            ctx.publish(
+                train_job.as_ref(),
+                EventType::Warning,
+                error.event_reason(FAILED_REASON),
+                note,
+            )
                 .await;
             Err(error)
         }
@@ -410,9 +431,10 @@ pub fn error_policy(train_job: Arc<TrainJob>, error: &Error, ctx: Arc<Context>) 
     Action::requeue(delay)
 }
 
-fn written_note(train_job: &TrainJob, written: Written) -> Option<String> {
-    let secret = ssh_secret_name(train_job.name());
-    let configmap = hostfile_configmap_name(train_job.name());
+/// The note of the `Created` Event for the objects of the TrainJob or JobSet named `owner`.
+fn written_note(owner: &str, written: Written) -> Option<String> {
+    let secret = ssh_secret_name(owner);
+    let configmap = hostfile_configmap_name(owner);
     match (written.secret, written.configmap) {
         (true, true) => Some(format!(
             "Created Secret {secret} and applied ConfigMap {configmap}"
@@ -438,15 +460,15 @@ async fn reconcile_children(train_job: &TrainJob, ctx: &Context) -> Result<Writt
     };
     ctx.caches_synced().await;
     // Upstream order (spec D): a Secret GET error emits nothing, not even the ConfigMap.
-    let secret = ensure_secret(train_job, ctx).await?;
+    let secret = ensure_secret(&Owner::from(train_job), ctx).await?;
     let configmap = apply_configmap(&configmap, ctx).await?;
     Ok(Written { secret, configmap })
 }
 
-/// Creates the Secret unless the cache or a GET shows it exists; keys are generated only then.
-/// Returns whether it was created.
-async fn ensure_secret(train_job: &TrainJob, ctx: &Context) -> Result<bool, Error> {
-    let (namespace, name) = (train_job.namespace(), ssh_secret_name(train_job.name()));
+/// Creates `owner`'s Secret unless the cache or a GET shows it exists; keys are generated only
+/// then. Returns whether it was created.
+async fn ensure_secret(owner: &Owner, ctx: &Context) -> Result<bool, Error> {
+    let (namespace, name) = (owner.namespace.as_str(), ssh_secret_name(&owner.name));
     if ctx
         .secrets
         .get(&ObjectRef::new(&name).within(namespace))
@@ -464,7 +486,7 @@ async fn ensure_secret(train_job: &TrainJob, ctx: &Context) -> Result<bool, Erro
     {
         return Ok(false);
     }
-    let secret = ssh_secret(train_job, &(ctx.keygen)().map_err(Error::Keys)?);
+    let secret = ssh_secret(owner.clone(), &(ctx.keygen)().map_err(Error::Keys)?);
     ctx.ensure_leader()?;
     let params = PostParams {
         field_manager: Some(MANAGER.to_string()),
