@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_apiserver::{
-    Authorizer, CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, Key, Options, SECRETS, TRAINJOBS,
-    str_at, write_kubeconfig,
+    Authorizer, CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, JOBSETS, Key, Options, SECRETS,
+    TRAINJOBS, str_at, write_kubeconfig,
 };
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -489,4 +489,47 @@ async fn without_the_finalizers_grant_the_plugin_refuses_every_object() {
     );
     assert!(api.get(SECRETS, &secret_key()).is_err());
     assert!(api.get(CONFIGMAPS, &configmap_key()).is_err());
+}
+
+/// JobSet mode (issue 14): the shipped OpenMPI sample JobSet, with the shipped RBAC and
+/// OwnerReferencesPermissionEnforcement on, gets its Secret and hostfile owned by the JobSet.
+#[tokio::test]
+async fn a_jobset_mode_jobset_gets_its_objects_owned_by_the_jobset() {
+    let cluster = cluster(shipped_rbac()).await;
+    let api = &cluster.api;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/manifests/samples/jobset-pi-openmpi.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("sample JobSet");
+    let jobset = mpi_webhook::objects::dir::parse_documents(&text, false)
+        .expect("sample parses")
+        .remove(0);
+    let created = api
+        .create(JOBSETS, None, jobset, "kubectl")
+        .expect("JobSet");
+    let owner = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                       "name": "pi-jobset-openmpi", "uid": created["metadata"]["uid"],
+                       "controller": true, "blockOwnerDeletion": true});
+    let (secret, configmap): (Key, Key) = (
+        ("default".into(), "pi-jobset-openmpi-mpi-ssh-auth".into()),
+        ("default".into(), "pi-jobset-openmpi-mpi-hostfile".into()),
+    );
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("the JobSet's Secret and ConfigMap", || {
+            api.get(SECRETS, &secret).is_ok() && api.get(CONFIGMAPS, &configmap).is_ok()
+        })
+        .await;
+    for (kind, key) in [(SECRETS, &secret), (CONFIGMAPS, &configmap)] {
+        let object = api.get(kind, key).expect("object");
+        assert_eq!(object["metadata"]["ownerReferences"], json!([owner]));
+    }
+    let hostfile = api.get(CONFIGMAPS, &configmap).expect("ConfigMap");
+    assert_eq!(
+        hostfile["data"]["hostfile"],
+        "pi-jobset-openmpi-node-0-0.pi-jobset-openmpi slots=1\n\
+         pi-jobset-openmpi-node-0-1.pi-jobset-openmpi slots=1\n"
+    );
+    assert_eq!(api.stats().unexpected, Vec::<String>::new());
 }

@@ -74,7 +74,7 @@ pub async fn reconcile_jobset(
                 error.event_reason(FAILED_REASON),
                 note,
             )
-                .await;
+            .await;
             Err(error)
         }
     }

@@ -406,7 +406,7 @@ pub async fn reconcile(train_job: Arc<TrainJob>, ctx: Arc<Context>) -> Result<Ac
                 error.event_reason(FAILED_REASON),
                 note,
             )
-                .await;
+            .await;
             Err(error)
         }
     }

@@ -113,6 +113,14 @@ pub const CLUSTER_RUNTIMES: &Kind = &Kind {
     kind: "ClusterTrainingRuntime",
     namespaced: false,
 };
+/// JobSets (JobSet mode).
+pub const JOBSETS: &Kind = &Kind {
+    group: "jobset.x-k8s.io",
+    version: "v1alpha2",
+    plural: "jobsets",
+    kind: "JobSet",
+    namespaced: true,
+};
 /// Secrets.
 pub const SECRETS: &Kind = &Kind {
     group: "",
@@ -143,6 +151,7 @@ pub const KINDS: &[&Kind] = &[
     TRAINJOBS,
     TRAINING_RUNTIMES,
     CLUSTER_RUNTIMES,
+    JOBSETS,
     SECRETS,
     CONFIGMAPS,
     EVENTS,
