@@ -1,5 +1,5 @@
 //! Counts of any size or sign (numNodes, numProcPerNode, parallelism, replicas, GPUs) through the
-//! plan and the hostfile: the hostfile is built only when it fits a ConfigMap, its size is the one
+//! plan of both modes (a TrainJob on its runtime, and a JobSet-mode JobSet) and the hostfile: the hostfile is built only when it fits a ConfigMap, its size is the one
 //! computed beforehand, and nothing allocates in proportion to an unchecked number (a counting
 //! allocator measures the peak while the hostfile is built).
 #![no_main]
@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use mpi_webhook::api::{TrainJob, TrainingRuntime};
+use mpi_webhook::api::{JobSet, TrainJob, TrainingRuntime};
 use mpi_webhook::mpi::HOSTFILE_MAX_BYTES;
 use mpi_webhook::mpi::hostfile::{hostfile, hostfile_len};
 use mpi_webhook::mpi::implementation::IMPLEMENTATIONS;
@@ -65,6 +65,21 @@ fuzz_target!(|c: Counts| {
     let name: String = "j".repeat(usize::from(c.name_len % 64).max(1));
     let subdomain: String = "s".repeat(usize::from(c.subdomain_len % 64));
     let trainer_label = json!({"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"});
+    // The JobSet spec: the runtime's template in TrainJob mode, the JobSet's own spec in JobSet
+    // mode.
+    let runtime_template = json!({
+        "network": {"subdomain": subdomain},
+        "replicatedJobs": [
+            {"name": "node", "replicas": c.node_replicas, "template": {"spec": {
+                "parallelism": c.node_parallelism,
+                "template": {"spec": {"containers": [{"name": "node"}]}}}}},
+            {"name": "launcher", "replicas": c.launcher_replicas, "template": {
+                "metadata": {"labels": if c.launcher_is_trainer { trainer_label } else { json!({}) }},
+                "spec": {
+                    "parallelism": c.launcher_parallelism,
+                    "template": {"spec": {"containers": [{"name": "node"}]}}}}}
+        ]
+    });
     let runtime = json!({
         "metadata": {"name": "rt"},
         "spec": {
@@ -76,19 +91,7 @@ fuzz_target!(|c: Counts| {
                     "runLauncherAsNode": c.run_launcher_as_node,
                 }
             },
-            "template": {"spec": {
-                "network": {"subdomain": subdomain},
-                "replicatedJobs": [
-                    {"name": "node", "replicas": c.node_replicas, "template": {"spec": {
-                        "parallelism": c.node_parallelism,
-                        "template": {"spec": {"containers": [{"name": "node"}]}}}}},
-                    {"name": "launcher", "replicas": c.launcher_replicas, "template": {
-                        "metadata": {"labels": if c.launcher_is_trainer { trainer_label } else { json!({}) }},
-                        "spec": {
-                            "parallelism": c.launcher_parallelism,
-                            "template": {"spec": {"containers": [{"name": "node"}]}}}}}
-                ]
-            }}
+            "template": {"spec": runtime_template.clone()}
         }
     });
     let train_job = json!({
@@ -108,13 +111,42 @@ fuzz_target!(|c: Counts| {
     ) else {
         return;
     };
-    let Ok(Some(plan)) = MpiPlan::new(&train_job, &runtime) else {
-        return;
-    };
-    let expected = hostfile_len(&plan);
+    if let Ok(Some(plan)) = MpiPlan::new(&train_job, &runtime) {
+        check_hostfile(&plan);
+    }
+    // JobSet mode: the same counts as the JobSet's own, slots from the annotation.
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(
+        "mpi-webhook.io/run-launcher-as-node".into(),
+        json!(c.run_launcher_as_node.to_string()),
+    );
+    if let Some(slots) = c.num_proc_per_node {
+        annotations.insert(
+            "mpi-webhook.io/slots-per-node".into(),
+            json!(slots.to_string()),
+        );
+    }
+    let jobset = json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": "default", "uid": "u",
+                     "labels": {"mpi-webhook.io/implementation": implementation},
+                     "annotations": annotations},
+        "spec": runtime_template,
+    });
+    if let Ok(jobset) = serde_json::from_value::<JobSet>(jobset)
+        && let Ok(plan) = MpiPlan::for_jobset(&jobset)
+    {
+        check_hostfile(&plan);
+    }
+});
+
+/// The hostfile of `plan` is built only when it fits, with the size predicted beforehand, and
+/// building it allocates no more than twice the limit.
+fn check_hostfile(plan: &MpiPlan) {
+    let expected = hostfile_len(plan);
     let before = LIVE.load(Ordering::Relaxed);
     PEAK.store(before, Ordering::Relaxed);
-    let built = hostfile(&plan);
+    let built = hostfile(plan);
     let peak = PEAK.load(Ordering::Relaxed).saturating_sub(before);
     // The text, grown by doubling, and the line being formatted.
     let max_bytes = usize::try_from(HOSTFILE_MAX_BYTES).unwrap_or(usize::MAX);
@@ -136,4 +168,4 @@ fuzz_target!(|c: Counts| {
             assert_eq!(too_large.size, expected);
         }
     }
-});
+}
