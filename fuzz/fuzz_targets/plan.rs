@@ -1,7 +1,8 @@
 //! Counts of any size or sign (numNodes, numProcPerNode, parallelism, replicas, GPUs) through the
-//! plan of both modes (a TrainJob on its runtime, and a JobSet-mode JobSet) and the hostfile: the hostfile is built only when it fits a ConfigMap, its size is the one
-//! computed beforehand, and nothing allocates in proportion to an unchecked number (a counting
-//! allocator measures the peak while the hostfile is built).
+//! plan of both modes (a TrainJob on its runtime, and a JobSet-mode JobSet) and the hostfile: the
+//! hostfile is built only when it fits a ConfigMap, its size is the one computed beforehand, and
+//! nothing allocates in proportion to an unchecked number (a counting allocator measures the
+//! peak while the hostfile is built).
 #![no_main]
 
 use std::alloc::{GlobalAlloc, Layout, System};
