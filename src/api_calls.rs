@@ -75,6 +75,25 @@ pub const API_CALLS: &[ApiCall] = &[
         verbs: READ,
         namespaced_to_own_namespace: false,
     },
+    // reconcile, JobSet mode: the controller's watch of JobSets labelled
+    // mpi-webhook.io/implementation (label-selected list/watch; GET by the controller).
+    ApiCall {
+        component: RECONCILE,
+        group: "jobset.x-k8s.io",
+        resource: "jobsets",
+        verbs: READ,
+        namespaced_to_own_namespace: false,
+    },
+    // The Secret and ConfigMap are owned by the JobSet with blockOwnerDeletion, which the
+    // OwnerReferencesPermissionEnforcement admission plugin allows only to who may update the
+    // owner's finalizers. No request goes to this subresource.
+    ApiCall {
+        component: RECONCILE,
+        group: "jobset.x-k8s.io",
+        resource: "jobsets/finalizers",
+        verbs: &["update"],
+        namespaced_to_own_namespace: false,
+    },
     // The SSH Secret is created once and never changed (immutable): no update, patch or delete.
     // The list/watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`) and, like the
     // GET on a cache miss, metadata-only (PartialObjectMetadata): the reconciler never reads key

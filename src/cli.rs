@@ -91,9 +91,10 @@ pub struct ReviewArgs {
     pub verb: ReviewVerb,
     /// AdmissionReview request file (JSON or YAML); `-` reads standard input.
     pub file: PathBuf,
-    /// Directory of TrainJob / TrainingRuntime / ClusterTrainingRuntime YAML or JSON files.
+    /// Directory of TrainJob / TrainingRuntime / ClusterTrainingRuntime YAML or JSON files. A
+    /// TrainJob-mode review needs it (the TrainJob and its runtime); a JobSet-mode review does not.
     #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
-    pub objects_dir: PathBuf,
+    pub objects_dir: Option<PathBuf>,
 }
 
 /// `review validate` or `review mutate`.
@@ -108,7 +109,8 @@ pub enum ReviewVerb {
 /// `render` flags.
 #[derive(Debug, Clone, Args)]
 pub struct RenderArgs {
-    /// Directory of TrainJob / TrainingRuntime / ClusterTrainingRuntime YAML or JSON files.
+    /// Directory of TrainJob / TrainingRuntime / ClusterTrainingRuntime and JobSet-mode JobSet
+    /// YAML or JSON files.
     #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
     pub objects_dir: PathBuf,
 }

@@ -26,6 +26,8 @@ pub enum ErrorKind {
     Invalid(BadValue),
     /// `field.NotSupported`, with the supported values in the order given.
     Unsupported(BadValue, Vec<&'static str>),
+    /// `field.Required`: the field is missing; no value is shown.
+    Required,
 }
 
 /// One field error: `<field>: <type>: <value>: <detail>`.
@@ -45,6 +47,15 @@ impl FieldError {
         Self {
             field: field.into(),
             kind: ErrorKind::Invalid(value),
+            detail: detail.into(),
+        }
+    }
+
+    /// `field.Required(path, detail)`.
+    pub fn required(field: impl Into<String>, detail: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            kind: ErrorKind::Required,
             detail: detail.into(),
         }
     }
@@ -83,11 +94,11 @@ impl fmt::Display for BadValue {
 
 impl fmt::Display for FieldError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (label, value) = match &self.kind {
-            ErrorKind::Invalid(v) => ("Invalid value", v),
-            ErrorKind::Unsupported(v, _) => ("Unsupported value", v),
-        };
-        write!(f, "{}: {label}: {value}", self.field)?;
+        match &self.kind {
+            ErrorKind::Invalid(v) => write!(f, "{}: Invalid value: {v}", self.field)?,
+            ErrorKind::Unsupported(v, _) => write!(f, "{}: Unsupported value: {v}", self.field)?,
+            ErrorKind::Required => write!(f, "{}: Required value", self.field)?,
+        }
         if !self.detail.is_empty() {
             write!(f, ": {}", self.detail)?;
         }
@@ -193,6 +204,15 @@ mod tests {
         assert_eq!(
             e.to_string(),
             r#"f: Unsupported value: "": supported values: "OpenMPI", "Intel""#
+        );
+    }
+
+    #[test]
+    fn required_shows_no_value() {
+        let e = FieldError::required("spec.replicatedJobs", "needs a launcher");
+        assert_eq!(
+            e.to_string(),
+            "spec.replicatedJobs: Required value: needs a launcher"
         );
     }
 

@@ -86,7 +86,10 @@ fn read_review(file: &Path) -> Result<Value, OfflineError> {
 /// # Errors
 /// [`OfflineError`] when the objects or the review cannot be read.
 pub async fn review(args: &ReviewArgs) -> Result<String, OfflineError> {
-    let snapshot = Snapshot::load_dir(&args.objects_dir)?;
+    let snapshot = match &args.objects_dir {
+        Some(dir) => Snapshot::load_dir(dir)?,
+        None => Snapshot::default(),
+    };
     let value = read_review(&args.file)?;
     let path = args.file.display().to_string();
     let verb = match args.verb {

@@ -1,14 +1,17 @@
-//! `render`: the Secret and ConfigMap the reconciler would create for each MPI TrainJob of a
-//! [`Snapshot`], as multi-document YAML, and [`hostfile_for`], the decision the reconciler shares.
-//! Pure: keys come from the given generator.
+//! `render`: the Secret and ConfigMap the reconciler would create for each MPI TrainJob and each
+//! JobSet-mode JobSet of a [`Snapshot`], as multi-document YAML, and [`hostfile_for`] and
+//! [`jobset_hostfile`], the decisions the reconciler shares. Pure: keys come from the given
+//! generator.
 
 use serde::Serialize;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
 use crate::admission::runtime_kind_of;
-use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
+use crate::field_error::aggregate;
 use crate::mpi::hostfile::{HostfileTooLarge, hostfile_configmap};
+use crate::mpi::jobset_mode::{self, Mode};
 use crate::mpi::plan::{MpiPlan, PlanError};
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
 use crate::mpi::validate::unsupported_implementation_detail;
@@ -28,9 +31,11 @@ pub enum RenderError {
 /// The output of `render`.
 #[derive(Debug, Default)]
 pub struct Rendered {
-    /// Multi-document YAML: Secret then ConfigMap per MPI TrainJob, in namespace/name order.
+    /// Multi-document YAML: Secret then ConfigMap per MPI TrainJob, then per JobSet-mode JobSet,
+    /// each in namespace/name order.
     pub yaml: String,
-    /// One line per skipped TrainJob (runtime missing or unsupported).
+    /// One line per skipped TrainJob (runtime missing or unsupported) or JobSet (settings that
+    /// do not parse).
     pub problems: Vec<String>,
 }
 
@@ -62,6 +67,9 @@ pub enum Problem {
     /// The runtime names an MPI implementation that is not supported (Decisions 4 and 7).
     #[error("{0}")]
     UnsupportedImplementation(String),
+    /// A JobSet-mode JobSet's label or annotations do not parse (the field errors, aggregated).
+    #[error("{0}")]
+    JobSetSettings(String),
     /// The hostfile would not fit a ConfigMap (Decision 8).
     #[error(transparent)]
     HostfileTooLarge(#[from] HostfileTooLarge),
@@ -106,7 +114,22 @@ pub fn hostfile_for(
     Ok(Some(hostfile_configmap(train_job, &plan)?))
 }
 
-/// Renders every MPI TrainJob of `snapshot`, generating one key pair per TrainJob with `keygen`.
+/// The hostfile ConfigMap of a JobSet-mode JobSet, owned by the JobSet, or `None` for a JobSet
+/// not in JobSet mode (no label, or a TrainJob controls it).
+///
+/// # Errors
+/// [`Problem`] when its settings do not parse or the hostfile would not fit.
+pub fn jobset_hostfile(jobset: &JobSet) -> Result<Option<ConfigMap>, Problem> {
+    if jobset_mode::mode(&jobset.metadata) != Mode::JobSet {
+        return Ok(None);
+    }
+    let plan = MpiPlan::for_jobset(jobset)
+        .map_err(|errors| Problem::JobSetSettings(aggregate(&errors).unwrap_or_default()))?;
+    Ok(Some(hostfile_configmap(jobset, &plan)?))
+}
+
+/// Renders every MPI TrainJob, then every JobSet-mode JobSet, of `snapshot`, generating one key
+/// pair per object with `keygen`.
 ///
 /// # Errors
 /// [`RenderError`] when keys cannot be generated or YAML cannot be written.
@@ -129,7 +152,20 @@ pub fn render(
                 continue;
             }
         };
-        push_document(&mut rendered.yaml, &ssh_secret(train_job, &keygen()?))?;
+        push_document(&mut rendered.yaml, &ssh_secret(&**train_job, &keygen()?))?;
+        push_document(&mut rendered.yaml, &configmap)?;
+    }
+    for jobset in snapshot.jobsets() {
+        let configmap = match jobset_hostfile(jobset) {
+            Ok(Some(configmap)) => configmap,
+            Ok(None) => continue,
+            Err(problem) => {
+                let who = format!("JobSet {}/{}", jobset.namespace(), jobset.name());
+                rendered.problems.push(format!("{who}: {problem}"));
+                continue;
+            }
+        };
+        push_document(&mut rendered.yaml, &ssh_secret(&**jobset, &keygen()?))?;
         push_document(&mut rendered.yaml, &configmap)?;
     }
     Ok(rendered)

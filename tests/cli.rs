@@ -139,8 +139,8 @@ fn review_of_a_kind_without_that_route_is_an_error() {
     let out = run(
         &[
             "review",
-            "validate",
-            "manifests/samples/reviews/jobset-create-owned-by-trainjob.json",
+            "mutate",
+            "manifests/samples/reviews/trainjob-create-allowed.json",
             "--objects-dir",
             "manifests",
         ],
@@ -149,9 +149,42 @@ fn review_of_a_kind_without_that_route_is_an_error() {
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains(r#"no validate route serves kind "JobSet" of group "jobset.x-k8s.io""#),
+        stderr
+            .contains(r#"no mutate route serves kind "TrainJob" of group "trainer.kubeflow.org""#),
         "{stderr}"
     );
+}
+
+/// `review` takes a JobSet-mode review without `--objects-dir`: everything is in the JobSet.
+#[test]
+fn review_of_jobset_mode_samples_needs_no_objects_dir() {
+    for implementation in ["openmpi", "intel", "mpich"] {
+        let file = format!("manifests/samples/reviews/jobset-mode-create-{implementation}.json");
+        let validated = stdout_json(&run(&["review", "validate", &file], None));
+        assert_eq!(
+            validated["response"],
+            serde_json::json!({"uid": validated["response"]["uid"], "allowed": true, "status": {}}),
+            "{implementation}: allowed, no warning"
+        );
+        let mutated = stdout_json(&run(&["review", "mutate", &file], None));
+        assert_eq!(mutated["response"]["patchType"], "JSONPatch");
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(mutated["response"]["patch"].as_str().expect("patch"))
+            .expect("base64");
+        let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("RFC 6902");
+        let review: Value =
+            serde_json::from_str(&std::fs::read_to_string(repo(&file)).expect("review"))
+                .expect("JSON");
+        let mut jobset = review["request"]["object"].clone();
+        json_patch::patch(&mut jobset, &patch).expect("applies");
+        let ssh = &jobset["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["volumes"]
+            [0]["secret"];
+        assert_eq!(
+            ssh["items"][0],
+            serde_json::json!({"key": "ssh-privatekey", "path": "id_rsa", "mode": 384}),
+            "{implementation}: JobSet mode projects the key 0600"
+        );
+    }
 }
 
 #[test]
@@ -243,6 +276,67 @@ fn render_prints_secret_then_configmap_per_trainjob_and_reports_missing_runtimes
     let docs: Vec<Value> =
         serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
     assert_eq!(docs.len(), 2, "the good TrainJob is still rendered");
+}
+
+/// JobSet-mode JobSets are rendered after the TrainJobs, owned by the JobSet; one whose label
+/// names no implementation is reported and skipped.
+#[test]
+fn render_renders_jobset_mode_jobsets_after_trainjobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for file in [
+        "runtimes/mpich_distributed.yaml",
+        "samples/trainjob-pi-mpich.yaml",
+        "samples/jobset-pi-mpich.yaml",
+    ] {
+        let from = repo(&format!("manifests/{file}"));
+        std::fs::copy(&from, dir.path().join(from.file_name().expect("name"))).expect("copy");
+    }
+    let out = render_dir(dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
+    let names: Vec<&str> = docs
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "pi-mpich-mpi-ssh-auth",
+            "pi-mpich-mpi-hostfile",
+            "pi-jobset-mpich-mpi-ssh-auth",
+            "pi-jobset-mpich-mpi-hostfile"
+        ]
+    );
+    assert_eq!(
+        docs[3]["data"]["hostfile"],
+        "pi-jobset-mpich-node-0-0.pi-jobset-mpich:1\npi-jobset-mpich-node-0-1.pi-jobset-mpich:1\npi-jobset-mpich-launcher-0-0:1\n"
+    );
+    for doc in &docs[2..] {
+        assert_eq!(
+            doc["metadata"]["ownerReferences"],
+            serde_json::json!([{
+                "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                "name": "pi-jobset-mpich", "uid": "8c2e5b63-2d4f-4e9b-a031-4b8f6d0e1c23",
+                "controller": true, "blockOwnerDeletion": true
+            }])
+        );
+    }
+    std::fs::write(
+        dir.path().join("lam.yaml"),
+        "apiVersion: jobset.x-k8s.io/v1alpha2\nkind: JobSet\nmetadata:\n  name: lam\n  namespace: default\n  labels: {mpi-webhook.io/implementation: LAM}\n",
+    )
+    .expect("write");
+    let out = render_dir(dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr).trim_end(),
+        r#"skipped JobSet default/lam: metadata.labels[mpi-webhook.io/implementation]: Unsupported value: "LAM": supported values: "OpenMPI", "Intel", "MPICH""#
+    );
 }
 
 #[test]

@@ -12,7 +12,7 @@ use std::process::Command;
 
 use mpi_webhook::api_calls::{API_CALLS, RECONCILE, SERVE};
 use pretty_assertions::assert_eq;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 const NAMESPACE: &str = "mpi-webhook";
 const SERVICE_ACCOUNT: &str = "mpi-webhook";
@@ -20,6 +20,9 @@ const IMAGE: &str = "ghcr.io/mpi-webhook/mpi-webhook:0.1.0";
 const TLS_SECRET: &str = "mpi-webhook-tls";
 const TLS_DIR: &str = "/etc/mpi-webhook/tls";
 const OWNED_BY_TRAINJOB: &str = "has(object.metadata.ownerReferences) && object.metadata.ownerReferences.exists(r, r.apiVersion.startsWith('trainer.kubeflow.org/') && r.kind == 'TrainJob' && has(r.controller) && r.controller)";
+/// JobSet mode's opt-in label: the JobSet-mode webhooks select on it.
+const JOBSET_MODE_LABEL: &str = "mpi-webhook.io/implementation";
+const MUTATE_JOBSET: &str = "/mutate-jobset-x-k8s-io-v1alpha2-jobset";
 
 /// The HTTPS routes `serve` answers on, from the server's own route table.
 fn server_routes() -> BTreeSet<&'static str> {
@@ -235,7 +238,17 @@ fn webhook_paths_are_exactly_the_server_routes() {
         })
         .collect();
     let unique: BTreeSet<&str> = paths.iter().copied().collect();
-    assert_eq!(paths.len(), unique.len(), "a path is registered twice");
+    // The JobSet mutation is registered twice, once per mode (TrainJob-owned; labelled).
+    let twice: Vec<&str> = paths
+        .iter()
+        .copied()
+        .filter(|p| paths.iter().filter(|q| q == &p).count() > 1)
+        .collect();
+    assert_eq!(
+        twice,
+        [MUTATE_JOBSET, MUTATE_JOBSET],
+        "only the mutation twice"
+    );
     assert_eq!(unique, server_routes());
 }
 
@@ -243,7 +256,7 @@ fn webhook_paths_are_exactly_the_server_routes() {
 fn every_webhook_fails_closed_fast_and_never_sees_its_own_namespace_or_kube_system() {
     let objects = base();
     let hooks = webhooks(&objects);
-    assert_eq!(hooks.len(), 4);
+    assert_eq!(hooks.len(), 6);
     for (kind, hook) in hooks {
         let name = hook["name"].as_str().expect("name");
         assert_eq!(hook["sideEffects"], "None", "{name}");
@@ -273,18 +286,42 @@ fn every_webhook_fails_closed_fast_and_never_sees_its_own_namespace_or_kube_syst
             assert_eq!(strings(&rule["resources"]), ["jobsets"]);
             assert_eq!(strings(&rule["operations"]), ["CREATE"]);
             let conditions = hook["matchConditions"].as_array().expect("matchConditions");
-            assert!(
-                conditions
-                    .iter()
-                    .any(|c| c["expression"] == OWNED_BY_TRAINJOB),
-                "{name}: only TrainJob-owned JobSets may reach the webhook"
-            );
+            if hook["objectSelector"].is_null() {
+                assert!(
+                    conditions
+                        .iter()
+                        .any(|c| c["expression"] == OWNED_BY_TRAINJOB),
+                    "{name}: only TrainJob-owned JobSets may reach the webhook"
+                );
+            } else {
+                assert_selects_the_jobset_mode_label(name, hook);
+                assert!(
+                    conditions
+                        .iter()
+                        .any(|c| c["expression"] == format!("!({OWNED_BY_TRAINJOB})")),
+                    "{name}: TrainJob-owned JobSets are the TrainJob-mode entry's"
+                );
+            }
+        } else if strings(&rule["resources"]) == ["jobsets"] {
+            assert_eq!(strings(&rule["apiGroups"]), ["jobset.x-k8s.io"]);
+            assert_eq!(strings(&rule["apiVersions"]), ["v1alpha2"]);
+            assert_eq!(strings(&rule["operations"]), ["CREATE", "UPDATE"]);
+            assert_selects_the_jobset_mode_label(name, hook);
         } else {
             assert_eq!(strings(&rule["apiGroups"]), ["trainer.kubeflow.org"]);
             assert_eq!(strings(&rule["apiVersions"]), ["v1alpha1"]);
             assert_eq!(strings(&rule["operations"]), ["CREATE", "UPDATE"]);
         }
     }
+}
+
+/// Only labelled JobSets reach a JobSet-mode webhook: every other JobSet never depends on it.
+fn assert_selects_the_jobset_mode_label(name: &str, hook: &Value) {
+    assert_eq!(
+        hook["objectSelector"],
+        json!({"matchExpressions": [{"key": JOBSET_MODE_LABEL, "operator": "Exists"}]}),
+        "{name}"
+    );
 }
 
 #[test]
@@ -304,6 +341,7 @@ fn each_route_is_registered_for_its_own_resource() {
             "clustertrainingruntimes",
         ),
         ("/mutate-jobset-x-k8s-io-v1alpha2-jobset", "jobsets"),
+        ("/validate-jobset-x-k8s-io-v1alpha2-jobset", "jobsets"),
     ];
     for (path, resource) in expected {
         let (_, hook) = webhooks(&objects)
@@ -818,6 +856,51 @@ fn sample_reviews_are_the_three_documented_cases() {
     );
 }
 
+/// JobSet mode: one plain JobSet per implementation that `kubectl create` takes as is (the
+/// CRD schema is checked by tests/validate_manifests.py), `node` listed before `launcher` (JobSet
+/// lets a replicatedJob depend only on earlier ones), the launcher waiting for the workers, and
+/// an AdmissionReview of its CREATE carrying exactly that JobSet.
+#[test]
+fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
+    let samples: Vec<Value> = data_files(&manifests().join("samples"))
+        .iter()
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .flat_map(|p| docs(p))
+        .filter(|d| d["kind"] == "JobSet")
+        .collect();
+    let implementations: Vec<&str> = samples
+        .iter()
+        .map(|j| {
+            j["metadata"]["labels"][JOBSET_MODE_LABEL]
+                .as_str()
+                .expect("label")
+        })
+        .collect();
+    assert_eq!(implementations, ["Intel", "MPICH", "OpenMPI"]);
+    for jobset in &samples {
+        let name = jobset["metadata"]["name"].as_str().expect("name");
+        assert!(jobset["metadata"]["ownerReferences"].is_null(), "{name}");
+        let rjobs = jobset["spec"]["replicatedJobs"].as_array().expect("rjobs");
+        let names: Vec<&str> = rjobs
+            .iter()
+            .map(|r| r["name"].as_str().expect("name"))
+            .collect();
+        assert_eq!(names, ["node", "launcher"], "{name}");
+        assert_eq!(
+            rjobs[1]["dependsOn"],
+            json!([{"name": "node", "status": "Ready"}]),
+            "{name}"
+        );
+        let review = docs(&manifests().join(format!(
+            "samples/reviews/jobset-mode-create-{}.json",
+            name.strip_prefix("pi-jobset-").expect("pi-jobset-<implementation>")
+        )))
+        .remove(0);
+        assert_eq!(review["request"]["operation"], "CREATE", "{name}");
+        assert_eq!(&review["request"]["object"], jobset, "{name}");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // kubectl kustomize
 
@@ -888,7 +971,7 @@ fn the_cli_certs_overlay_makes_the_tls_secret_and_fills_every_ca_bundle() {
     let ca = secret["data"]["ca.crt"].as_str().expect("ca.crt");
     assert!(secret["data"]["tls.crt"].is_string() && secret["data"]["tls.key"].is_string());
     let hooks = webhooks(&rendered);
-    assert_eq!(hooks.len(), 4);
+    assert_eq!(hooks.len(), 6);
     for (_, hook) in hooks {
         assert_eq!(hook["clientConfig"]["caBundle"], ca, "{}", hook["name"]);
     }

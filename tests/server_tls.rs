@@ -249,6 +249,69 @@ async fn mutate_jobset_patches_allows_and_denies() {
     f.server.shutdown().await;
 }
 
+/// JobSet mode over real TLS: the sample's CREATE is patched on the mutating route (id_rsa
+/// 0600) and admitted by the validating route; a broken label is denied by both with the same
+/// message; an UPDATE changing the label is denied as immutable; the metrics count the new route.
+#[tokio::test]
+async fn jobset_mode_is_patched_validated_and_fixed_after_creation() {
+    let f = Fixture::start().await;
+    let review = sample_json("jobset-mode-create-mpich.json");
+    let response = response_for(
+        &f.post_json(Route::MutateJobSet, &review).await,
+        &uid(&review),
+    );
+    assert_eq!(response["allowed"], true, "{response}");
+    let patch = patch_of(&response);
+    assert_eq!(
+        patch[0]["value"][0]["secret"]["items"][0],
+        json!({"key": "ssh-privatekey", "path": "id_rsa", "mode": 384})
+    );
+    assert!(
+        patch
+            .iter()
+            .any(|op| op["value"] == json!({"name": "HYDRA_IFACE", "value": "eth0"})),
+        "{patch:?}"
+    );
+    let response = response_for(
+        &f.post_json(Route::ValidateJobSet, &review).await,
+        &uid(&review),
+    );
+    assert_eq!(response["allowed"], true, "{response}");
+    assert!(response.get("warnings").is_none(), "{response}");
+
+    let mut broken = review.clone();
+    broken["request"]["uid"] = json!("broken");
+    broken["request"]["object"]["metadata"]["labels"]["mpi-webhook.io/implementation"] =
+        json!("LAM");
+    let expected = r#"metadata.labels[mpi-webhook.io/implementation]: Unsupported value: "LAM": supported values: "OpenMPI", "Intel", "MPICH""#;
+    for route in [Route::MutateJobSet, Route::ValidateJobSet] {
+        let response = response_for(&f.post_json(route, &broken).await, "broken");
+        assert_eq!(response["allowed"], false, "{route:?}");
+        assert_eq!(response["status"]["code"], 403);
+        assert_eq!(response["status"]["message"], expected, "{route:?}");
+    }
+
+    let mut update = review.clone();
+    update["request"]["uid"] = json!("update");
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["oldObject"] = review["request"]["object"].clone();
+    update["request"]["object"]["metadata"]["labels"]["mpi-webhook.io/implementation"] =
+        json!("Intel");
+    let response = response_for(&f.post_json(Route::ValidateJobSet, &update).await, "update");
+    assert_eq!(
+        response["status"]["message"],
+        r#"metadata.labels[mpi-webhook.io/implementation]: Invalid value: "Intel": field is immutable"#
+    );
+    let text = f.metrics().await;
+    for line in [
+        r#"mpi_webhook_admission_requests_total{route="validate-jobset",outcome="allowed"} 1"#,
+        r#"mpi_webhook_admission_requests_total{route="validate-jobset",outcome="denied"} 2"#,
+    ] {
+        assert!(text.contains(line), "{line} missing from\n{text}");
+    }
+    f.server.shutdown().await;
+}
+
 #[tokio::test]
 async fn http2_is_served() {
     let f = Fixture::start().await;

@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use kube::core::DynamicObject;
 use kube::core::Status;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, IgnoredAny};
 use serde_json::Value;
 use serde_json::value::RawValue;
 
@@ -40,8 +40,10 @@ pub enum Route {
     ValidateTrainingRuntime,
     /// Validate ClusterTrainingRuntime.
     ValidateClusterTrainingRuntime,
-    /// Mutate JobSet (CREATE).
+    /// Mutate JobSet (CREATE): TrainJob mode and JobSet mode.
     MutateJobSet,
+    /// Validate JobSet-mode JobSets (CREATE, UPDATE).
+    ValidateJobSet,
 }
 
 /// Whether a review asks to validate or to mutate (the `review` subcommand's verb).
@@ -55,11 +57,12 @@ pub enum Verb {
 
 impl Route {
     /// Every route, in the order the README lists them.
-    pub const ALL: [Route; 4] = [
+    pub const ALL: [Route; 5] = [
         Route::ValidateTrainJob,
         Route::ValidateTrainingRuntime,
         Route::ValidateClusterTrainingRuntime,
         Route::MutateJobSet,
+        Route::ValidateJobSet,
     ];
 
     /// The URL path.
@@ -73,6 +76,7 @@ impl Route {
                 "/validate-trainer-kubeflow-org-v1alpha1-clustertrainingruntime"
             }
             Route::MutateJobSet => "/mutate-jobset-x-k8s-io-v1alpha2-jobset",
+            Route::ValidateJobSet => "/validate-jobset-x-k8s-io-v1alpha2-jobset",
         }
     }
 
@@ -84,7 +88,7 @@ impl Route {
             Route::ValidateClusterTrainingRuntime => {
                 (crate::api::TRAINER_GROUP, "ClusterTrainingRuntime")
             }
-            Route::MutateJobSet => (crate::api::JOBSET_GROUP, "JobSet"),
+            Route::MutateJobSet | Route::ValidateJobSet => (crate::api::JOBSET_GROUP, "JobSet"),
         }
     }
 
@@ -103,14 +107,17 @@ impl Route {
             Route::ValidateTrainingRuntime => "validate-trainingruntime",
             Route::ValidateClusterTrainingRuntime => "validate-clustertrainingruntime",
             Route::MutateJobSet => "mutate-jobset",
+            Route::ValidateJobSet => "validate-jobset",
         }
     }
 
     /// The parts of a review this route reads ([`projection`]): a JobSet's pod templates are
-    /// mostly skipped, the objects validated are read whole.
+    /// mostly skipped, the objects validated are read whole, and only the JobSet validation
+    /// reads the old object (its metadata).
     pub fn review_shape(self) -> &'static projection::Shape {
         match self {
             Route::MutateJobSet => &projection::JOBSET_REVIEW,
+            Route::ValidateJobSet => &projection::OLD_METADATA_REVIEW,
             _ => &projection::WHOLE_OBJECT_REVIEW,
         }
     }
@@ -203,10 +210,12 @@ impl Verdict {
     }
 }
 
-/// The request as the policy reads it: the kube request (objects taken out) and the object.
+/// The request as the policy reads it: the kube request (objects taken out), the object, and
+/// the old object where the route reads it (JobSet validation on UPDATE).
 pub(crate) struct Request<'a> {
     pub req: AdmissionRequest<DynamicObject>,
     pub object: Option<Object<'a>>,
+    pub old_object: Option<Object<'a>>,
 }
 
 /// The object under review: raw JSON text or a JobSet's view from the fast read (`wire.rs`), or
@@ -284,14 +293,26 @@ pub async fn review<S: ObjectSource>(
     // The mutation reads a JobSet's few fields in the same pass as the review; the validations
     // read their objects whole, so they get them as raw text.
     let request = match route {
-        Route::MutateJobSet => wire::read::<Obj<JobSetView>>(body)
-            .map(|(req, o)| (req, o.map(|view| Object::JobSet(Box::new(view.0))))),
-        _ => wire::read(body).map(|(req, o)| (req, o.map(Object::Raw))),
+        Route::MutateJobSet => {
+            wire::read::<Obj<JobSetView>, IgnoredAny>(body).map(|(req, o, _)| {
+                let object = o.map(|view| Object::JobSet(Box::new(view.0)));
+                (req, object, None)
+            })
+        }
+        Route::ValidateJobSet => wire::read::<&RawValue, &RawValue>(body)
+            .map(|(req, o, old)| (req, o.map(Object::Raw), old.map(Object::Raw))),
+        _ => wire::read::<&RawValue, IgnoredAny>(body)
+            .map(|(req, o, _)| (req, o.map(Object::Raw), None)),
     };
-    if let Some((req, object)) = request
-        && let Some(reviewed) = answer(route, &Request { req, object }, objects).await
-    {
-        return Ok(reviewed);
+    if let Some((req, object, old_object)) = request {
+        let request = Request {
+            req,
+            object,
+            old_object,
+        };
+        if let Some(reviewed) = answer(route, &request, objects).await {
+            return Ok(reviewed);
+        }
     }
     review_projected(route, body, objects).await
 }
@@ -464,20 +485,25 @@ fn parse_request(mut value: Value) -> Result<Request<'static>, BadReview> {
     };
     // The objects are read by the policy from raw JSON (so a malformed object is a denial with
     // the request's uid, not a 400, and no field is lost); the kube types get the rest.
-    let object = request
-        .get_mut("object")
-        .map(Value::take)
-        .filter(|o| !o.is_null())
-        .map(Object::Parsed);
-    if let Some(old) = request.get_mut("oldObject") {
-        old.take();
-    }
+    let mut take = |member: &str| {
+        request
+            .get_mut(member)
+            .map(Value::take)
+            .filter(|o| !o.is_null())
+            .map(Object::Parsed)
+    };
+    let object = take("object");
+    let old_object = take("oldObject");
     let review: AdmissionReview<DynamicObject> =
         from_value(&value).map_err(|e| BadReview(format!("not an AdmissionReview: {e}")))?;
     let req: AdmissionRequest<DynamicObject> = review
         .try_into()
         .map_err(|_| BadReview("AdmissionReview has no request".into()))?;
-    Ok(Request { req, object })
+    Ok(Request {
+        req,
+        object,
+        old_object,
+    })
 }
 
 fn summarize(request: &Request<'_>) -> Summary {
@@ -540,6 +566,7 @@ async fn decide<S: ObjectSource>(
             mutate::jobset(req, object, objects).await
         }
         Route::MutateJobSet => Some(Verdict::allow()),
+        Route::ValidateJobSet => Some(validate::jobset(req, object, request.old_object.as_ref())),
     }
 }
 

@@ -1,4 +1,6 @@
-//! The mutating route: a JobSet owned by a TrainJob gets the MPI wiring of its runtime.
+//! The mutating route: a JobSet owned by a TrainJob gets the MPI wiring of its runtime (TrainJob
+//! mode); a JobSet labelled `mpi-webhook.io/implementation` gets the wiring its label and
+//! annotations ask for (JobSet mode).
 
 use std::borrow::Cow;
 
@@ -7,8 +9,10 @@ use kube::core::DynamicObject;
 use kube::core::admission::AdmissionRequest;
 use serde_json::Value;
 
-use crate::api::TRAINER_GROUP;
+use crate::api::JobSet;
+use crate::field_error::aggregate;
 use crate::mpi::enforce::{PatchJson, enforce_fresh, enforce_mpi_policy};
+use crate::mpi::jobset_mode::{self, Mode};
 use crate::mpi::plan::{MpiPlan, PlanError};
 use crate::mpi::validate::unsupported_implementation_detail;
 use crate::objects::ObjectSource;
@@ -18,7 +22,8 @@ use super::validate::runtime_kind;
 use super::{Object, Verdict, projection};
 
 /// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE. `None` when the JobSet was read as a
-/// view and is not fresh: the review is then read again by the general path.
+/// view and is not fresh, or is in JobSet mode (whose rules read more than the view holds): the
+/// review is then read again by the general path.
 pub(super) async fn jobset<S: ObjectSource>(
     req: &AdmissionRequest<DynamicObject>,
     object: &Object<'_>,
@@ -26,6 +31,9 @@ pub(super) async fn jobset<S: ObjectSource>(
 ) -> Option<Verdict> {
     let jobset = match object {
         Object::JobSet(view) => {
+            if jobset_mode::mode(&view.metadata) == Mode::JobSet {
+                return None;
+            }
             let plan = match plan(req, &view.metadata, objects).await {
                 Ok(Some(plan)) => plan,
                 Ok(None) => return Some(Verdict::allow()),
@@ -52,11 +60,30 @@ pub(super) async fn jobset<S: ObjectSource>(
             )));
         }
     };
+    if jobset_mode::mode(&metadata) == Mode::JobSet {
+        return Some(jobset_mode_verdict(&jobset));
+    }
     Some(match plan(req, &metadata, objects).await {
         Ok(Some(plan)) => enforce(&plan, &jobset),
         Ok(None) => Verdict::allow(),
         Err(verdict) => verdict,
     })
+}
+
+/// JobSet mode: a JobSet breaking a rule of the mode is denied here too, with the validating
+/// route's message, so that no pod starts half wired whatever the order of the webhooks.
+fn jobset_mode_verdict(raw: &Value) -> Verdict {
+    let jobset: JobSet = match from_value(raw) {
+        Ok(jobset) => jobset,
+        Err(e) => return Verdict::deny(format!("JobSet cannot be read: {e}")),
+    };
+    let checked = jobset_mode::check(&jobset, &raw.into());
+    match (aggregate(&checked.errors), checked.plan) {
+        (Some(message), _) => Verdict::deny(message),
+        (None, Some(plan)) => enforce(&plan, raw),
+        // Settings that parse always give a plan; were there none, nothing could be wired.
+        (None, None) => Verdict::internal("JobSet mode: no plan and no error"),
+    }
 }
 
 fn enforce(plan: &MpiPlan, jobset: &Value) -> Verdict {
@@ -82,11 +109,7 @@ async fn plan<S: ObjectSource>(
     objects: &S,
 ) -> Result<Option<MpiPlan>, Verdict> {
     // TrainJob mode: the controller ownerReference is a trainer.kubeflow.org TrainJob.
-    let Some(owner) = metadata.owner_references.iter().flatten().find(|r| {
-        r.controller == Some(true)
-            && r.kind == "TrainJob"
-            && r.api_version.split('/').next() == Some(TRAINER_GROUP)
-    }) else {
+    let Mode::TrainJob(owner) = jobset_mode::mode(metadata) else {
         return Ok(None);
     };
     let namespace = req

@@ -52,46 +52,57 @@ const fn only(fields: &'static [(&'static str, Shape)]) -> Shape {
     }
 }
 
-/// What the JobSet mutation reads (`mutate.rs`, `crate::mpi::enforce`): the metadata (owner,
-/// namespace), and in each replicatedJob its name, the Job's parallelism and completions, and the
-/// pod's volumes and its containers' names, mounts and env.
+/// What the JobSet mutation reads (`mutate.rs`, `crate::mpi::enforce`, and in JobSet mode
+/// `crate::mpi::jobset_mode`, which reads the JobSet as `crate::api::JobSet`): the metadata
+/// (owner, namespace, label, annotations) and network, and in each replicatedJob its name,
+/// replicas, dependencies, template labels, the Job's parallelism and completions, and the pod's
+/// volumes and its containers' names, mounts, env and resources.
 pub const JOBSET: Shape = only(&[
     ("metadata", KEEP),
     (
         "spec",
-        only(&[(
-            "replicatedJobs",
-            Shape::Array(&only(&[
-                ("name", KEEP),
-                (
-                    "template",
-                    only(&[(
-                        "spec",
+        only(&[
+            ("network", KEEP),
+            (
+                "replicatedJobs",
+                Shape::Array(&only(&[
+                    ("name", KEEP),
+                    ("replicas", KEEP),
+                    ("dependsOn", KEEP),
+                    (
+                        "template",
                         only(&[
-                            ("parallelism", KEEP),
-                            ("completions", KEEP),
+                            ("metadata", only(&[("labels", KEEP)])),
                             (
-                                "template",
-                                only(&[(
-                                    "spec",
-                                    only(&[
-                                        ("volumes", KEEP),
-                                        (
-                                            "containers",
-                                            Shape::Array(&only(&[
-                                                ("name", KEEP),
-                                                ("volumeMounts", KEEP),
-                                                ("env", KEEP),
-                                            ])),
-                                        ),
-                                    ]),
-                                )]),
+                                "spec",
+                                only(&[
+                                    ("parallelism", KEEP),
+                                    ("completions", KEEP),
+                                    (
+                                        "template",
+                                        only(&[(
+                                            "spec",
+                                            only(&[
+                                                ("volumes", KEEP),
+                                                (
+                                                    "containers",
+                                                    Shape::Array(&only(&[
+                                                        ("name", KEEP),
+                                                        ("volumeMounts", KEEP),
+                                                        ("env", KEEP),
+                                                        ("resources", KEEP),
+                                                    ])),
+                                                ),
+                                            ]),
+                                        )]),
+                                    ),
+                                ]),
                             ),
                         ]),
-                    )]),
-                ),
-            ])),
-        )]),
+                    ),
+                ])),
+            ),
+        ]),
     ),
 ]);
 
@@ -102,6 +113,19 @@ pub const WHOLE_OBJECT_REVIEW: Shape = Shape::Object {
         "request",
         Shape::Object {
             fields: &[("object", KEEP), ("oldObject", SKIP)],
+            rest: &KEEP,
+        },
+    )],
+    rest: &KEEP,
+};
+
+/// An AdmissionReview whose `request.object` is kept whole and of whose `request.oldObject` only
+/// the metadata is kept (the JobSet validation compares the old label and annotations).
+pub const OLD_METADATA_REVIEW: Shape = Shape::Object {
+    fields: &[(
+        "request",
+        Shape::Object {
+            fields: &[("object", KEEP), ("oldObject", only(&[("metadata", KEEP)]))],
             rest: &KEEP,
         },
     )],

@@ -1,10 +1,14 @@
-//! The validating routes: TrainJob against its runtime, and the runtimes themselves.
+//! The validating routes: TrainJob against its runtime, the runtimes themselves, and JobSet-mode
+//! JobSets.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, Operation};
+use serde::Deserialize;
 
-use crate::api::{RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
+use crate::api::{JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
+use crate::mpi::jobset_mode::{self, Mode};
 use crate::mpi::validate::{trainer_support_warning, validate_runtime, validate_train_job};
 use crate::objects::ObjectSource;
 use crate::raw_json::RawJson;
@@ -124,6 +128,54 @@ pub(super) fn runtime(
     Verdict {
         denial: aggregate(&errors),
         warnings: trainer_support_warning(&runtime).into_iter().collect(),
+        ..Verdict::default()
+    }
+}
+
+/// Of the old object, only what JobSet validation compares.
+#[derive(Deserialize)]
+struct OldMetadata {
+    #[serde(default)]
+    metadata: ObjectMeta,
+}
+
+/// `/validate-jobset-x-k8s-io-v1alpha2-jobset`: JobSet mode's rules on CREATE and UPDATE, the
+/// label and annotations fixed after creation, and no label on a JobSet a TrainJob owns.
+pub(super) fn jobset(
+    req: &AdmissionRequest<DynamicObject>,
+    object: &Object<'_>,
+    old_object: Option<&Object<'_>>,
+) -> Verdict {
+    let jobset: JobSet = match object.read() {
+        Ok(j) => j,
+        Err(e) => return Verdict::deny(format!("JobSet cannot be read: {e}")),
+    };
+    let mut errors = Vec::new();
+    if req.operation == Operation::Update {
+        let Some(old) = old_object else {
+            return Verdict::deny("request.oldObject is missing from this JobSet UPDATE review");
+        };
+        match old.read::<OldMetadata>() {
+            Ok(old) => errors.extend(jobset_mode::immutable_errors(
+                &old.metadata,
+                &jobset.metadata,
+            )),
+            Err(e) => return Verdict::deny(format!("the old JobSet cannot be read: {e}")),
+        }
+    }
+    let mut warnings = Vec::new();
+    match jobset_mode::mode(&jobset.metadata) {
+        Mode::TrainJob(_) => errors.extend(jobset_mode::label_on_train_job_error(&jobset.metadata)),
+        Mode::JobSet => {
+            let checked = jobset_mode::check(&jobset, &object.raw_json());
+            errors.extend(checked.errors);
+            warnings = checked.warnings;
+        }
+        Mode::Plain => {}
+    }
+    Verdict {
+        denial: aggregate(&errors),
+        warnings,
         ..Verdict::default()
     }
 }

@@ -20,25 +20,33 @@ use serde::de::IgnoredAny;
 use super::REVIEW_API_VERSION;
 use super::REVIEW_KIND;
 
-/// An `admission.k8s.io/v1` AdmissionReview with a request whose object reads as `O`.
+/// An `admission.k8s.io/v1` AdmissionReview with a request whose object reads as `O` and old
+/// object as `P`.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
-struct Review<'a, O> {
+#[serde(
+    rename_all = "camelCase",
+    bound(deserialize = "O: Deserialize<'de>, P: Deserialize<'de>")
+)]
+struct Review<'a, O, P> {
     #[serde(borrow)]
     api_version: Cow<'a, str>,
     #[serde(borrow)]
     kind: Cow<'a, str>,
     #[serde(borrow)]
-    request: Option<Request<'a, O>>,
+    request: Option<Request<'a, O, P>>,
     /// Never sent by the apiserver in a request; read only because kube's review type reads it.
     #[allow(dead_code)]
     response: Option<AdmissionResponse>,
 }
 
-/// kube's `AdmissionRequest`, field for field, with the object read as `O`.
+/// kube's `AdmissionRequest`, field for field, with the object read as `O` and the old object
+/// as `P` (`IgnoredAny` where the route does not read it).
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
-struct Request<'a, O> {
+#[serde(
+    rename_all = "camelCase",
+    bound(deserialize = "O: Deserialize<'de>, P: Deserialize<'de>")
+)]
+struct Request<'a, O, P> {
     uid: String,
     kind: GroupVersionKind,
     resource: GroupVersionResource,
@@ -60,10 +68,8 @@ struct Request<'a, O> {
     user_info: UserInfo,
     #[serde(default)]
     object: Option<O>,
-    /// Read (as any JSON) and dropped: no route needs the old object.
     #[serde(default)]
-    #[allow(dead_code)]
-    old_object: Option<IgnoredAny>,
+    old_object: Option<P>,
     #[serde(default)]
     dry_run: bool,
     /// Any JSON, as kube's `RawExtension` reads it; no route needs it.
@@ -98,13 +104,18 @@ struct ResourceCheck<'a> {
     api_version: Cow<'a, str>,
 }
 
-/// The request of an `admission.k8s.io/v1` AdmissionReview and its object read as `O` (raw
-/// JSON, or the view a route reads; `None` when absent or `null`), or `None` when the body is
-/// anything else: malformed, another kind, no request, or a shape this read does not accept.
-pub(super) fn read<'a, O: Deserialize<'a>>(
+/// The request of an `admission.k8s.io/v1` AdmissionReview, its object read as `O` (raw JSON,
+/// or the view a route reads; `None` when absent or `null`) and its old object as `P`, or `None`
+/// when the body is anything else: malformed, another kind, no request, or a shape this read
+/// does not accept.
+pub(super) fn read<'a, O: Deserialize<'a>, P: Deserialize<'a>>(
     body: &'a [u8],
-) -> Option<(AdmissionRequest<kube::core::DynamicObject>, Option<O>)> {
-    let review: Review<'a, O> = serde_json::from_slice(body).ok()?;
+) -> Option<(
+    AdmissionRequest<kube::core::DynamicObject>,
+    Option<O>,
+    Option<P>,
+)> {
+    let review: Review<'a, O, P> = serde_json::from_slice(body).ok()?;
     if (review.api_version.as_ref(), review.kind.as_ref()) != (REVIEW_API_VERSION, REVIEW_KIND) {
         return None;
     }
@@ -130,7 +141,7 @@ pub(super) fn read<'a, O: Deserialize<'a>>(
         dry_run: r.dry_run,
         options: None,
     };
-    Some((request, r.object))
+    Some((request, r.object, r.old_object))
 }
 
 #[cfg(test)]
@@ -147,9 +158,12 @@ mod tests {
             "trainjob-create-allowed.json",
             "trainjob-create-denied-reserved-env.json",
             "jobset-create-owned-by-trainjob.json",
+            "jobset-mode-create-openmpi.json",
+            "jobset-mode-create-intel.json",
+            "jobset-mode-create-mpich.json",
         ] {
             let body = std::fs::read(format!("{SAMPLES}/{file}")).expect("sample exists");
-            let (request, object) = read::<&RawValue>(&body).expect(file);
+            let (request, object, _) = read::<&RawValue, IgnoredAny>(&body).expect(file);
             assert_eq!(request.types.api_version, REVIEW_API_VERSION);
             assert_eq!(request.operation, Operation::Create);
             assert!(object.is_some_and(|o| o.get().starts_with('{')), "{file}");
@@ -165,19 +179,20 @@ mod tests {
         };
         let ok = r#"{"uid":"u","kind":{"group":"g","version":"v","kind":"K"},"resource":{"group":"g","version":"v","resource":"ks"},"operation":"CREATE","userInfo":{},"object":null}"#;
         let body = review(ok);
-        let (request, object) = read::<&RawValue>(body.as_bytes()).expect("a minimal request");
+        let (request, object, _) =
+            read::<&RawValue, IgnoredAny>(body.as_bytes()).expect("a minimal request");
         assert_eq!(request.uid, "u");
         assert!(object.is_none(), "a null object is no object");
         let duplicate = ok.replace(r#""uid":"u","#, r#""uid":"u","uid":"v","#);
-        assert!(read::<&RawValue>(review(&duplicate).as_bytes()).is_none());
+        assert!(read::<&RawValue, IgnoredAny>(review(&duplicate).as_bytes()).is_none());
         let no_user = ok.replace(r#""userInfo":{},"#, "");
-        assert!(read::<&RawValue>(review(&no_user).as_bytes()).is_none());
+        assert!(read::<&RawValue, IgnoredAny>(review(&no_user).as_bytes()).is_none());
         assert!(
-            read::<&RawValue>(
+            read::<&RawValue, IgnoredAny>(
                 br#"{"apiVersion":"admission.k8s.io/v1beta1","kind":"AdmissionReview"}"#
             )
             .is_none()
         );
-        assert!(read::<&RawValue>(b"not json").is_none());
+        assert!(read::<&RawValue, IgnoredAny>(b"not json").is_none());
     }
 }

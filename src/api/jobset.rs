@@ -1,10 +1,45 @@
-//! The parts of a JobSet template (`jobset.x-k8s.io/v1alpha2`) the MPI policy reads: replicated
-//! jobs, their counts, labels and the `node` container's resources.
+//! The parts of a JobSet (`jobset.x-k8s.io/v1alpha2`) the MPI policy reads: replicated jobs,
+//! their counts, labels, dependencies and containers' resources, and the network settings. A
+//! runtime's `spec.template` is a JobSet template; a JobSet-mode JobSet is read whole.
 
 use std::collections::BTreeMap;
 
-use super::resources::ResourceRequirements;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
+
+use super::resources::ResourceRequirements;
+
+/// `apiVersion` of JobSet.
+pub const JOBSET_API_VERSION: &str = "jobset.x-k8s.io/v1alpha2";
+
+/// A JobSet, as far as JobSet mode reads it.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct JobSet {
+    /// Standard object metadata (name, namespace, uid, labels, annotations, owners).
+    #[serde(default)]
+    pub metadata: ObjectMeta,
+    /// The JobSet spec.
+    #[serde(default)]
+    pub spec: JobSetSpec,
+}
+
+impl JobSet {
+    /// `metadata.name`, empty when absent.
+    pub fn name(&self) -> &str {
+        self.metadata.name.as_deref().unwrap_or_default()
+    }
+
+    /// `metadata.namespace`, empty when absent.
+    pub fn namespace(&self) -> &str {
+        self.metadata.namespace.as_deref().unwrap_or_default()
+    }
+
+    /// `metadata.uid`, empty when absent.
+    pub fn uid(&self) -> &str {
+        self.metadata.uid.as_deref().unwrap_or_default()
+    }
+}
 
 /// `spec.template` of a runtime: a JobSet template.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -27,6 +62,17 @@ pub struct JobSetSpec {
     pub network: Option<Network>,
 }
 
+impl JobSetSpec {
+    /// `spec.network.subdomain` when set and not empty: the pods' host name suffix, which
+    /// otherwise is the JobSet's name.
+    pub fn subdomain(&self) -> Option<&str> {
+        self.network
+            .as_ref()
+            .and_then(|n| n.subdomain.as_deref())
+            .filter(|s| !s.is_empty())
+    }
+}
+
 /// `spec.network`.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -34,6 +80,9 @@ pub struct Network {
     /// Headless Service name; defaults to the JobSet name.
     #[serde(default)]
     pub subdomain: Option<String>,
+    /// Whether pods get DNS host names (JobSet's default: true).
+    #[serde(default, rename = "enableDNSHostnames")]
+    pub enable_dns_hostnames: Option<bool>,
 }
 
 /// One replicated job.
@@ -46,9 +95,24 @@ pub struct ReplicatedJob {
     /// Job replicas; CRD default 1.
     #[serde(default)]
     pub replicas: Option<i32>,
+    /// The replicatedJobs this one waits for.
+    #[serde(default)]
+    pub depends_on: Option<Vec<DependsOn>>,
     /// The Job template.
     #[serde(default)]
     pub template: JobTemplate,
+}
+
+/// One entry of a replicatedJob's `dependsOn`.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DependsOn {
+    /// The replicatedJob waited for.
+    #[serde(default)]
+    pub name: String,
+    /// `Ready` or `Complete`.
+    #[serde(default)]
+    pub status: String,
 }
 
 /// A batch/v1 JobTemplateSpec, reduced.
@@ -79,6 +143,9 @@ pub struct JobSpec {
     /// Pods run in parallel; default 1.
     #[serde(default)]
     pub parallelism: Option<i32>,
+    /// Pods that must succeed; default: parallelism.
+    #[serde(default)]
+    pub completions: Option<i32>,
     /// The pod template.
     #[serde(default)]
     pub template: PodTemplate,

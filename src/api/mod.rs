@@ -10,7 +10,7 @@ pub mod resources;
 pub mod runtime;
 pub mod trainjob;
 
-pub use jobset::{Container, JobSetSpec, ReplicatedJob};
+pub use jobset::{Container, JOBSET_API_VERSION, JobSet, JobSetSpec, ReplicatedJob};
 pub use runtime::{MlPolicy, MpiPolicySource, RuntimeKind, TrainingRuntime};
 pub use trainjob::{RuntimeRef, TrainJob, Trainer};
 

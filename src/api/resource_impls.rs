@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::{DynamicResourceScope, NamespaceResourceScope, Resource};
 
-use super::{RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
+use super::{JOBSET_GROUP, JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 
 /// Version of the Kubeflow Trainer kinds.
 const TRAINER_VERSION: &str = "v1alpha1";
@@ -75,6 +75,36 @@ impl Resource for TrainingRuntime {
     }
 }
 
+/// JobSet mode: the reconciler watches labelled JobSets with `Api<JobSet>`.
+impl Resource for JobSet {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("JobSet")
+    }
+
+    fn group(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed(JOBSET_GROUP)
+    }
+
+    fn version(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("v1alpha2")
+    }
+
+    fn plural(_: &()) -> Cow<'_, str> {
+        Cow::Borrowed("jobsets")
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -92,6 +122,10 @@ mod tests {
         assert_eq!(
             TrainingRuntime::url_path(&RuntimeKind::ClusterTrainingRuntime, None),
             "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes"
+        );
+        assert_eq!(
+            JobSet::url_path(&(), Some("ns")),
+            "/apis/jobset.x-k8s.io/v1alpha2/namespaces/ns/jobsets"
         );
     }
 }

@@ -111,6 +111,10 @@ pub struct MpiPolicySource {
     pub run_launcher_as_node: Option<bool>,
 }
 
+/// Where the SSH Secret is mounted unless a policy says otherwise (the CRD default of
+/// `sshAuthMountPath`, and JobSet mode's default).
+pub const DEFAULT_SSH_AUTH_MOUNT_PATH: &str = "/root/.ssh";
+
 impl MpiPolicySource {
     /// numProcPerNode with its CRD default.
     pub fn num_proc_per_node(&self) -> i32 {
@@ -124,7 +128,9 @@ impl MpiPolicySource {
 
     /// sshAuthMountPath with its CRD default.
     pub fn ssh_auth_mount_path(&self) -> &str {
-        self.ssh_auth_mount_path.as_deref().unwrap_or("/root/.ssh")
+        self.ssh_auth_mount_path
+            .as_deref()
+            .unwrap_or(DEFAULT_SSH_AUTH_MOUNT_PATH)
     }
 
     /// runLauncherAsNode with its CRD default.

@@ -5,10 +5,10 @@ use std::fmt::Write as _;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 
-use crate::api::TrainJob;
-
 use super::plan::{MpiPlan, PodSet};
-use super::{HOSTFILE_MAX_BYTES, HOSTFILE_NAME, LAUNCHER, hostfile_configmap_name, owned_metadata};
+use super::{
+    HOSTFILE_MAX_BYTES, HOSTFILE_NAME, LAUNCHER, Owner, hostfile_configmap_name, owned_metadata,
+};
 
 /// The hostfile would not fit a ConfigMap (Decision 8).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -31,7 +31,7 @@ pub fn hostfile_len(plan: &MpiPlan) -> u128 {
             // "<tj>-<R>-<r>-<p>[.<subdomain>]<sep><N>\n"
             let suffix_len = host_suffix(plan, p).map_or(0, |s| 1 + s.len());
             let fixed =
-                plan.train_job.len() + 1 + p.name.len() + 1 + 1 + suffix_len + slots_len + 1;
+                plan.jobset_name.len() + 1 + p.name.len() + 1 + 1 + suffix_len + slots_len + 1;
             let (replicas, count) = (as_u128(p.replicas), as_u128(p.count));
             replicas * count * fixed as u128
                 + count * digit_sum(replicas)
@@ -89,7 +89,7 @@ pub fn hostfile(plan: &MpiPlan) -> Result<String, HostfileTooLarge> {
         let suffix = host_suffix(plan, pod_set);
         for (r, p) in (0..pod_set.replicas).flat_map(|r| (0..pod_set.count).map(move |p| (r, p))) {
             // Writing into a String cannot fail.
-            let _ = write!(text, "{}-{}-{r}-{p}", plan.train_job, pod_set.name);
+            let _ = write!(text, "{}-{}-{r}-{p}", plan.jobset_name, pod_set.name);
             if let Some(suffix) = suffix {
                 let _ = write!(text, ".{suffix}");
             }
@@ -99,16 +99,17 @@ pub fn hostfile(plan: &MpiPlan) -> Result<String, HostfileTooLarge> {
     Ok(text)
 }
 
-/// The hostfile ConfigMap `<trainjob>-mpi-hostfile`, owned by the TrainJob.
+/// The hostfile ConfigMap `<owner>-mpi-hostfile`, owned by the TrainJob or JobSet.
 ///
 /// # Errors
 /// [`HostfileTooLarge`] when the hostfile would not fit.
 pub fn hostfile_configmap(
-    train_job: &TrainJob,
+    owner: impl Into<Owner>,
     plan: &MpiPlan,
 ) -> Result<ConfigMap, HostfileTooLarge> {
+    let owner = owner.into();
     Ok(ConfigMap {
-        metadata: owned_metadata(train_job, hostfile_configmap_name(train_job.name())),
+        metadata: owned_metadata(&owner, hostfile_configmap_name(&owner.name)),
         data: Some(BTreeMap::from([(
             HOSTFILE_NAME.to_string(),
             hostfile(plan)?,
@@ -144,7 +145,8 @@ mod tests {
                 })
                 .collect(),
             subdomain: "pi".into(),
-            train_job: "pi".into(),
+            jobset_name: "pi".into(),
+            wired_container: crate::mpi::plan::WiredContainer::NamedNode,
         }
     }
 

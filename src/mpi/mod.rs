@@ -15,6 +15,7 @@
 pub mod enforce;
 pub mod hostfile;
 pub mod implementation;
+pub mod jobset_mode;
 pub mod plan;
 pub mod ssh_secret;
 pub mod validate;
@@ -23,7 +24,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::api::{TRAINER_API_VERSION, TrainJob};
+use crate::api::{JOBSET_API_VERSION, JobSet, TRAINER_API_VERSION, TrainJob};
 
 /// Name of the launcher replicatedJob / PodSet.
 pub const LAUNCHER: &str = "launcher";
@@ -96,28 +97,68 @@ pub fn hostfile_configmap_name(train_job: &str) -> String {
     format!("{train_job}{HOSTFILE_CONFIGMAP_SUFFIX}")
 }
 
-/// Metadata of an object the reconciler creates for `train_job`: its namespace, the controller
+/// The object the reconciler's Secret and ConfigMap belong to: a TrainJob (TrainJob mode) or a
+/// JobSet (JobSet mode). Both modes build their objects from this, so they differ only in it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Owner {
+    /// `apiVersion` of the owner.
+    pub api_version: &'static str,
+    /// `kind` of the owner.
+    pub kind: &'static str,
+    /// Its name: the prefix of the objects' names.
+    pub name: String,
+    /// Its namespace: the objects' namespace.
+    pub namespace: String,
+    /// Its uid, for the owner reference.
+    pub uid: String,
+}
+
+impl From<&TrainJob> for Owner {
+    fn from(train_job: &TrainJob) -> Self {
+        Self {
+            api_version: TRAINER_API_VERSION,
+            kind: "TrainJob",
+            name: train_job.name().to_string(),
+            namespace: train_job.namespace().to_string(),
+            uid: train_job.uid().to_string(),
+        }
+    }
+}
+
+impl From<&JobSet> for Owner {
+    fn from(jobset: &JobSet) -> Self {
+        Self {
+            api_version: JOBSET_API_VERSION,
+            kind: "JobSet",
+            name: jobset.name().to_string(),
+            namespace: jobset.namespace().to_string(),
+            uid: jobset.uid().to_string(),
+        }
+    }
+}
+
+/// Metadata of an object the reconciler creates for `owner`: its namespace, the controller
 /// owner reference and the managed-by label, nothing else (Decision 13).
-pub fn owned_metadata(train_job: &TrainJob, name: String) -> ObjectMeta {
+pub fn owned_metadata(owner: &Owner, name: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
-        namespace: Some(train_job.namespace().to_string()),
+        namespace: Some(owner.namespace.clone()),
         labels: Some(BTreeMap::from([(
             MANAGED_BY_LABEL.to_string(),
             MANAGER.to_string(),
         )])),
-        owner_references: Some(vec![owner_reference(train_job)]),
+        owner_references: Some(vec![owner_reference(owner)]),
         ..ObjectMeta::default()
     }
 }
 
-/// The controller owner reference every object derived from a TrainJob carries.
-pub fn owner_reference(train_job: &TrainJob) -> OwnerReference {
+/// The controller owner reference every object derived from `owner` carries.
+pub fn owner_reference(owner: &Owner) -> OwnerReference {
     OwnerReference {
-        api_version: TRAINER_API_VERSION.to_string(),
-        kind: "TrainJob".to_string(),
-        name: train_job.name().to_string(),
-        uid: train_job.uid().to_string(),
+        api_version: owner.api_version.to_string(),
+        kind: owner.kind.to_string(),
+        name: owner.name.clone(),
+        uid: owner.uid.clone(),
         controller: Some(true),
         block_owner_deletion: Some(true),
     }

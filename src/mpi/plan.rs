@@ -1,6 +1,9 @@
-//! The effective MPI policy of one TrainJob on its runtime (spec sections A.4, C.1, C.2, D.3):
-//! pod sets with their counts, slots per node and the implementation. Both the JobSet patch and
+//! The effective MPI policy of one JobSet (spec sections A.4, C.1, C.2, D.3): pod sets with their
+//! counts, slots per node, the implementation and the containers wired. Both the JobSet patch and
 //! the hostfile are derived from an [`MpiPlan`], so they agree on every count and name.
+//!
+//! TrainJob mode builds it from a TrainJob on its runtime ([`MpiPlan::new`]); JobSet mode from
+//! the JobSet's own label and annotations ([`super::jobset_mode`]).
 
 use crate::api::resources::ResourceRequirements;
 use crate::api::{MpiPolicySource, ReplicatedJob, TrainJob, TrainingRuntime};
@@ -27,7 +30,38 @@ pub struct PodSet {
     pub count: i64,
 }
 
-/// The effective MPI policy of one TrainJob.
+/// Which containers of the `launcher` and `node` pod templates get the mounts and the env.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WiredContainer {
+    /// Every container named `node` (TrainJob mode, upstream's rule: Decision 15).
+    NamedNode,
+    /// The container of this name (JobSet mode's `mpi-webhook.io/container`).
+    Named(String),
+    /// Each template's first container (JobSet mode's default).
+    First,
+}
+
+impl WiredContainer {
+    /// Whether the container at `index` of a pod template, named `name`, is wired.
+    pub fn wires(&self, index: usize, name: Option<&str>) -> bool {
+        match self {
+            WiredContainer::NamedNode => name == Some(NODE),
+            WiredContainer::Named(wired) => name == Some(wired.as_str()),
+            WiredContainer::First => index == 0,
+        }
+    }
+
+    /// The index of the wired container among `names` (a template's container names in order),
+    /// or `None` when none is.
+    pub fn index_in<'n>(&self, names: impl IntoIterator<Item = &'n str>) -> Option<usize> {
+        names
+            .into_iter()
+            .enumerate()
+            .position(|(i, name)| self.wires(i, Some(name)))
+    }
+}
+
+/// The effective MPI policy of one JobSet.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MpiPlan {
     /// The implementation row.
@@ -45,10 +79,13 @@ pub struct MpiPlan {
     pub node_count: Option<i64>,
     /// The runtime's replicated jobs in template order, with effective counts.
     pub pod_sets: Vec<PodSet>,
-    /// Host name suffix: the JobSet subdomain, by default the TrainJob name.
+    /// Host name suffix: the JobSet subdomain, by default the JobSet name.
     pub subdomain: String,
-    /// The TrainJob's name (JobSet name, host name prefix).
-    pub train_job: String,
+    /// The JobSet's name (in TrainJob mode the TrainJob's): the prefix of host names and of the
+    /// Secret's and ConfigMap's names.
+    pub jobset_name: String,
+    /// The containers that get the mounts and the env.
+    pub wired_container: WiredContainer,
 }
 
 impl MpiPlan {
@@ -93,12 +130,11 @@ impl MpiPlan {
             node_count,
             pod_sets,
             subdomain: template
-                .network
-                .as_ref()
-                .and_then(|n| n.subdomain.clone())
-                .filter(|s| !s.is_empty())
-                .unwrap_or_else(|| train_job.name().to_string()),
-            train_job: train_job.name().to_string(),
+                .subdomain()
+                .unwrap_or_else(|| train_job.name())
+                .to_string(),
+            jobset_name: train_job.name().to_string(),
+            wired_container: WiredContainer::NamedNode,
         }))
     }
 

@@ -13,10 +13,8 @@ use p521::pkcs8::AssociatedOid;
 use sec1::der::pem::{LineEnding, PemLabel};
 use sec1::der::{Encode, zeroize::Zeroizing};
 
-use crate::api::TrainJob;
-
 use super::{
-    SSH_AUTH_SECRET_TYPE, SSH_PRIVATE_KEY, SSH_PUBLIC_KEY, owned_metadata, ssh_secret_name,
+    Owner, SSH_AUTH_SECRET_TYPE, SSH_PRIVATE_KEY, SSH_PUBLIC_KEY, owned_metadata, ssh_secret_name,
 };
 
 /// Key generation or encoding failed.
@@ -80,11 +78,12 @@ pub fn generate_key_pair() -> Result<SshKeyPair, KeyError> {
     })
 }
 
-/// The Secret `<trainjob>-mpi-ssh-auth`: immutable, type `kubernetes.io/ssh-auth`, owned by the
-/// TrainJob, labelled as managed by mpi-webhook.
-pub fn ssh_secret(train_job: &TrainJob, keys: &SshKeyPair) -> Secret {
+/// The Secret `<owner>-mpi-ssh-auth`: immutable, type `kubernetes.io/ssh-auth`, owned by the
+/// TrainJob or JobSet, labelled as managed by mpi-webhook.
+pub fn ssh_secret(owner: impl Into<Owner>, keys: &SshKeyPair) -> Secret {
+    let owner = owner.into();
     Secret {
-        metadata: owned_metadata(train_job, ssh_secret_name(train_job.name())),
+        metadata: owned_metadata(&owner, ssh_secret_name(&owner.name)),
         type_: Some(SSH_AUTH_SECRET_TYPE.to_string()),
         immutable: Some(true),
         data: Some(BTreeMap::from([

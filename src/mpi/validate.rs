@@ -123,9 +123,25 @@ fn reserved_env_error(
     implementation: &Implementation,
 ) -> Option<FieldError> {
     let env = train_job.spec.trainer.as_ref()?.env.as_ref()?;
-    let mut reserved: Vec<&str> = env
-        .iter()
-        .map(|e| e.name.as_str())
+    reserved_env_names_error(
+        "spec.trainer.env".to_string(),
+        || raw.at("/spec/trainer/env"),
+        env.iter().map(|e| e.name.as_str()),
+        implementation,
+    )
+}
+
+/// The section-B reserved-env error (Decision 6) for the env list at `field` whose entries are
+/// named `names`, or `None` when no name is reserved. `env_json` gives the list as the client
+/// sent it (Decision 9), asked for only when there is an error.
+pub fn reserved_env_names_error<'n>(
+    field: String,
+    env_json: impl FnOnce() -> serde_json::Value,
+    names: impl IntoIterator<Item = &'n str>,
+    implementation: &Implementation,
+) -> Option<FieldError> {
+    let mut reserved: Vec<&str> = names
+        .into_iter()
         .filter(|name| implementation.reserves(name))
         .collect();
     if reserved.is_empty() {
@@ -134,8 +150,8 @@ fn reserved_env_error(
     reserved.sort_unstable();
     reserved.dedup();
     Some(FieldError::invalid(
-        "spec.trainer.env",
-        BadValue::Json(raw.at("/spec/trainer/env")),
+        field,
+        BadValue::Json(env_json()),
         format!(
             "must not have reserved envs, invalid envs configured: [{}]",
             reserved.join(" ")

@@ -1,15 +1,17 @@
 //! Loading objects from a directory of YAML / JSON files (`--objects-dir`).
 //!
 //! Every `*.yaml`, `*.yml` and `*.json` file under the directory is read, recursively and in path
-//! order; YAML files may hold several documents. TrainJobs and (Cluster)TrainingRuntimes are
-//! kept; other kinds are skipped with a debug log. A file that is not YAML/JSON, or a known kind
+//! order; YAML files may hold several documents. TrainJobs, (Cluster)TrainingRuntimes and
+//! JobSets labelled `mpi-webhook.io/implementation` (JobSet mode, for `render`) are kept; other
+//! kinds, and unlabelled JobSets, are skipped with a debug log. A file that is not YAML/JSON, or a known kind
 //! whose fields have the wrong types, fails the whole load with an error naming the file.
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::api::{RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
+use crate::api::{JOBSET_GROUP, JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
+use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
 
 use super::Snapshot;
 
@@ -59,16 +61,26 @@ pub enum KnownKind {
     TrainJob,
     /// A runtime of either kind.
     Runtime(RuntimeKind),
+    /// A JobSet carrying JobSet mode's label.
+    JobSet,
 }
 
 impl KnownKind {
     /// The known kind of an object, from its `apiVersion` and `kind`.
     pub fn of(value: &Value) -> Option<Self> {
         let api_version = value.get("apiVersion").and_then(Value::as_str)?;
+        let kind = value.get("kind").and_then(Value::as_str)?;
+        if api_version.split('/').next() == Some(JOBSET_GROUP) && kind == "JobSet" {
+            let labelled = value
+                .pointer("/metadata/labels")
+                .and_then(Value::as_object)
+                .is_some_and(|labels| labels.contains_key(IMPLEMENTATION_LABEL));
+            return labelled.then_some(Self::JobSet);
+        }
         if api_version.split('/').next() != Some(TRAINER_GROUP) {
             return None;
         }
-        match value.get("kind").and_then(Value::as_str)? {
+        match kind {
             "TrainJob" => Some(Self::TrainJob),
             "TrainingRuntime" => Some(Self::Runtime(RuntimeKind::TrainingRuntime)),
             "ClusterTrainingRuntime" => Some(Self::Runtime(RuntimeKind::ClusterTrainingRuntime)),
@@ -236,6 +248,9 @@ fn load_text(snapshot: &mut Snapshot, path: &Path, text: &str) -> Result<(), Loa
                 kind,
                 from_value::<TrainingRuntime>(&doc).map_err(object_error)?,
             ),
+            KnownKind::JobSet => {
+                snapshot.insert_jobset(from_value::<JobSet>(&doc).map_err(object_error)?)
+            }
         };
         if replaced {
             tracing::warn!(file = %path.display(), document = i + 1, "object defined twice; the later file wins");

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 
 pub use dir::LoadError;
 
@@ -44,6 +44,8 @@ pub struct Snapshot {
     train_jobs: BTreeMap<(String, String), Arc<TrainJob>>,
     training_runtimes: BTreeMap<(String, String), Arc<TrainingRuntime>>,
     cluster_training_runtimes: BTreeMap<String, Arc<TrainingRuntime>>,
+    /// JobSet-mode JobSets, which only `render` reads (admission gets its JobSet in the review).
+    jobsets: BTreeMap<(String, String), Arc<JobSet>>,
 }
 
 impl Snapshot {
@@ -54,6 +56,17 @@ impl Snapshot {
             train_job.name().to_string(),
         );
         self.train_jobs.insert(key, Arc::new(train_job)).is_some()
+    }
+
+    /// Adds or replaces a JobSet; returns whether one with the same key was replaced.
+    pub fn insert_jobset(&mut self, jobset: JobSet) -> bool {
+        let key = (jobset.namespace().to_string(), jobset.name().to_string());
+        self.jobsets.insert(key, Arc::new(jobset)).is_some()
+    }
+
+    /// Every JobSet-mode JobSet in namespace/name order.
+    pub fn jobsets(&self) -> impl Iterator<Item = &Arc<JobSet>> {
+        self.jobsets.values()
     }
 
     /// Adds or replaces a runtime; returns whether one with the same key was replaced.
@@ -80,7 +93,10 @@ impl Snapshot {
 
     /// Number of objects held, for logs.
     pub fn len(&self) -> usize {
-        self.train_jobs.len() + self.training_runtimes.len() + self.cluster_training_runtimes.len()
+        self.train_jobs.len()
+            + self.training_runtimes.len()
+            + self.cluster_training_runtimes.len()
+            + self.jobsets.len()
     }
 
     /// Whether no object is held.

@@ -9,6 +9,7 @@
 //! [`reconcile`] and [`error_policy`] are the controller's two callbacks; [`run`] wires the
 //! watches, leader election and the probe server.
 
+mod jobset;
 mod leader;
 mod metrics;
 mod run;
@@ -33,7 +34,7 @@ use tokio::sync::watch;
 
 use crate::api::TrainJob;
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
-use crate::mpi::{MANAGER, hostfile_configmap_name, ssh_secret_name};
+use crate::mpi::{MANAGER, Owner, hostfile_configmap_name, ssh_secret_name};
 use crate::objects::cluster::ClusterObjects;
 use crate::objects::{LookupError, ObjectSource};
 use crate::render::{Problem, hostfile_for, runtime_ref};
@@ -206,7 +207,14 @@ impl Context {
         }
     }
 
-    async fn publish(&self, train_job: &TrainJob, type_: EventType, reason: &str, note: String) {
+    /// Publishes an Event on `regarding` (the TrainJob, or in JobSet mode the JobSet).
+    async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        regarding: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
         let event = Event {
             type_,
             reason: reason.to_string(),
@@ -216,7 +224,7 @@ impl Context {
         };
         if let Err(error) = self
             .recorder
-            .publish(&event, &train_job.object_ref(&()))
+            .publish(&event, &regarding.object_ref(&()))
             .await
         {
             tracing::warn!(%error, reason, "publishing an Event failed");
@@ -224,15 +232,22 @@ impl Context {
     }
 }
 
-/// Per-TrainJob retry counters for exponential backoff; reset by a successful reconcile.
-#[derive(Debug, Default)]
-struct Retries(Mutex<HashMap<ObjectRef<TrainJob>, u32>>);
+/// Per-object (TrainJob, or JobSet in JobSet mode) retry counters for exponential backoff;
+/// reset by a successful reconcile.
+#[derive(Debug)]
+struct Retries<K = ObjectRef<TrainJob>>(Mutex<HashMap<K, u32>>);
 
-impl Retries {
+impl<K> Default for Retries<K> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<K: std::hash::Hash + Eq> Retries<K> {
     /// Bound on remembered TrainJobs (a deleted failing TrainJob leaves its counter behind).
     const MAX_ENTRIES: usize = 10_000;
 
-    fn next_delay(&self, key: ObjectRef<TrainJob>) -> Duration {
+    fn next_delay(&self, key: K) -> Duration {
         let mut failures = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if failures.len() >= Self::MAX_ENTRIES {
             failures.clear();
@@ -244,7 +259,7 @@ impl Retries {
             .min(RETRY_MAX)
     }
 
-    fn forget(&self, key: &ObjectRef<TrainJob>) {
+    fn forget(&self, key: &K) {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
     }
 }
@@ -318,8 +333,8 @@ pub async fn reconcile(train_job: Arc<TrainJob>, ctx: Arc<Context>) -> Result<Ac
     match reconcile_children(&train_job, &ctx).await {
         Ok(written) => {
             ctx.retries.forget(&ObjectRef::from_obj(train_job.as_ref()));
-            if let Some(note) = written_note(&train_job, written) {
-                ctx.publish(&train_job, EventType::Normal, "Created", note)
+            if let Some(note) = written_note(train_job.name(), written) {
+                ctx.publish(train_job.as_ref(), EventType::Normal, "Created", note)
                     .await;
             }
             Ok(Action::await_change())
@@ -327,7 +342,7 @@ pub async fn reconcile(train_job: Arc<TrainJob>, ctx: Arc<Context>) -> Result<Ac
         Err(Error::NotLeader) => Ok(Action::await_change()),
         Err(error) => {
             let note = error.to_string();
-            ctx.publish(&train_job, EventType::Warning, FAILED_REASON, note)
+            ctx.publish(train_job.as_ref(), EventType::Warning, FAILED_REASON, note)
                 .await;
             Err(error)
         }
@@ -353,9 +368,10 @@ pub fn error_policy(train_job: Arc<TrainJob>, error: &Error, ctx: Arc<Context>) 
     Action::requeue(delay)
 }
 
-fn written_note(train_job: &TrainJob, written: Written) -> Option<String> {
-    let secret = ssh_secret_name(train_job.name());
-    let configmap = hostfile_configmap_name(train_job.name());
+/// The note of the `Created` Event for the objects of the TrainJob or JobSet named `owner`.
+fn written_note(owner: &str, written: Written) -> Option<String> {
+    let secret = ssh_secret_name(owner);
+    let configmap = hostfile_configmap_name(owner);
     match (written.secret, written.configmap) {
         (true, true) => Some(format!(
             "Created Secret {secret} and applied ConfigMap {configmap}"
@@ -381,15 +397,15 @@ async fn reconcile_children(train_job: &TrainJob, ctx: &Context) -> Result<Writt
     };
     ctx.caches_synced().await;
     // Upstream order (spec D): a Secret GET error emits nothing, not even the ConfigMap.
-    let secret = ensure_secret(train_job, ctx).await?;
+    let secret = ensure_secret(&Owner::from(train_job), ctx).await?;
     let configmap = apply_configmap(&configmap, ctx).await?;
     Ok(Written { secret, configmap })
 }
 
-/// Creates the Secret unless the cache or a GET shows it exists; keys are generated only then.
-/// Returns whether it was created.
-async fn ensure_secret(train_job: &TrainJob, ctx: &Context) -> Result<bool, Error> {
-    let (namespace, name) = (train_job.namespace(), ssh_secret_name(train_job.name()));
+/// Creates `owner`'s Secret unless the cache or a GET shows it exists; keys are generated only
+/// then. Returns whether it was created.
+async fn ensure_secret(owner: &Owner, ctx: &Context) -> Result<bool, Error> {
+    let (namespace, name) = (owner.namespace.as_str(), ssh_secret_name(&owner.name));
     if ctx
         .secrets
         .get(&ObjectRef::new(&name).within(namespace))
@@ -407,7 +423,7 @@ async fn ensure_secret(train_job: &TrainJob, ctx: &Context) -> Result<bool, Erro
     {
         return Ok(false);
     }
-    let secret = ssh_secret(train_job, &(ctx.keygen)().map_err(Error::Keys)?);
+    let secret = ssh_secret(owner.clone(), &(ctx.keygen)().map_err(Error::Keys)?);
     ctx.ensure_leader()?;
     let params = PostParams {
         field_manager: Some(MANAGER.to_string()),

@@ -1,10 +1,10 @@
 //! Wiring of `mpi-webhook reconcile`: the kube client, the probe server, leader election and,
-//! for each leadership term, a fresh [`Controller`] over TrainJobs.
+//! for each leadership term, fresh [`Controller`]s over TrainJobs and JobSet-mode JobSets.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
@@ -15,16 +15,18 @@ use kube::{Api, Client};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
-use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::cli::ReconcileArgs;
+use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
 use crate::mpi::ssh_secret::generate_key_pair;
 use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
 use crate::objects::cluster::{CacheMetrics, ClusterObjects, reflect};
 use crate::render::runtime_ref;
 
+use super::jobset::{JobSetContext, jobset_error_policy, reconcile_jobset};
 use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};
 use super::metrics::{Probes, ReconcileMetrics, probes_router};
-use super::{Context, error_policy, reconcile};
+use super::{Context, Error, error_policy, reconcile};
 
 /// Timeout of every Lease request: below the renewal grace, so a hung renewal fails (and the
 /// replica steps down) before the Lease can expire and be taken by another replica.
@@ -204,23 +206,59 @@ async fn serve_probes(
     }))
 }
 
-/// One leadership term: fresh watches and caches, reconciling until `stop` resolves.
+/// One leadership term: fresh watches and caches, reconciling TrainJobs and JobSet-mode JobSets
+/// until `stop` resolves.
 pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: TermEnd) {
     shared.metrics.set_leader(true);
     let (controller, ctx) = controller(shared, leader);
-    controller
+    let ctx = Arc::new(ctx);
+    let stop = stop.shared();
+    let train_jobs = controller
+        .graceful_shutdown_on(stop.clone())
+        .run(reconcile, error_policy, Arc::clone(&ctx))
+        .for_each(logged);
+    let jobsets = jobset_controller(&shared.client)
         .graceful_shutdown_on(stop)
-        .run(reconcile, error_policy, Arc::new(ctx))
-        .for_each(|result| {
-            match result {
-                Ok((object, _)) => tracing::debug!(%object, "reconciled"),
-                Err(controller::Error::ReconcilerFailed(..)) => {} // logged by error_policy
-                Err(error) => tracing::debug!(%error, "controller"),
-            }
-            futures::future::ready(())
-        })
-        .await;
+        .run(
+            reconcile_jobset,
+            jobset_error_policy,
+            Arc::new(JobSetContext::new(ctx)),
+        )
+        .for_each(logged);
+    futures::future::join(train_jobs, jobsets).await;
     shared.metrics.set_leader(false);
+}
+
+fn logged<K: kube::Resource>(
+    result: Result<(ObjectRef<K>, controller::Action), controller::Error<Error, watcher::Error>>,
+) -> futures::future::Ready<()>
+where
+    K::DynamicType: std::fmt::Debug,
+{
+    match result {
+        Ok((object, _)) => tracing::debug!(%object, "reconciled"),
+        Err(controller::Error::ReconcilerFailed(..)) => {} // logged by the error policy
+        Err(error) => tracing::debug!(%error, "controller"),
+    }
+    futures::future::ready(())
+}
+
+/// The JobSet-mode controller: JobSets carrying the label (selected by the API server, so no
+/// other JobSet is cached), triggered again by our labelled Secrets (metadata only) and
+/// ConfigMaps they own. It shares the TrainJob controller's context, caches included; these
+/// watches only map owned objects to their JobSet.
+fn jobset_controller(client: &Client) -> Controller<JobSet> {
+    let owned = watcher::Config::default().labels(&managed_selector());
+    Controller::new(
+        Api::<JobSet>::all(client.clone()),
+        watcher::Config::default().labels(IMPLEMENTATION_LABEL),
+    )
+    .with_config(controller::Config::default().concurrency(CONCURRENCY))
+    .owns(
+        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+        owned.clone(),
+    )
+    .owns(Api::<ConfigMap>::all(client.clone()), owned)
 }
 
 /// The label selector of everything the reconciler creates, so its Secret and ConfigMap

@@ -804,3 +804,118 @@ async fn controller_runs_only_while_leading() {
         .expect("gate returns on shutdown")
         .expect("no panic");
 }
+
+// ---------------------------------------------------------------------------------------------
+// JobSet mode
+
+mod jobset_mode {
+    use super::*;
+    use crate::api::JobSet;
+    use crate::reconciler::jobset::{JobSetContext, reconcile_jobset};
+    use pretty_assertions::assert_eq;
+
+    fn jobset(implementation: &str) -> JobSet {
+        let rjob = |name: &str, parallelism: i32| {
+            json!({"name": name, "template": {"spec": {"parallelism": parallelism, "template": {"spec": {
+                "containers": [{"name": "mpi", "image": "mpi"}]}}}}})
+        };
+        serde_json::from_value(json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2",
+            "kind": "JobSet",
+            "metadata": {
+                "name": "pi", "namespace": "team", "uid": "js-uid",
+                "labels": {"mpi-webhook.io/implementation": implementation}
+            },
+            "spec": {"replicatedJobs": [rjob("node", 2), rjob("launcher", 1)]}
+        }))
+        .expect("JobSet")
+    }
+
+    fn owned_by_the_jobset() -> Value {
+        json!([{
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "pi",
+            "uid": "js-uid", "controller": true, "blockOwnerDeletion": true
+        }])
+    }
+
+    async fn run(
+        ctx: &Arc<Context>,
+        jobset: JobSet,
+        script: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<Action, Error> {
+        let script = tokio::spawn(script);
+        let jobsets = Arc::new(JobSetContext::new(Arc::clone(ctx)));
+        let result = tokio::time::timeout(TIMEOUT, reconcile_jobset(Arc::new(jobset), jobsets))
+            .await
+            .expect("reconcile finished (an unscripted call would hang here)");
+        tokio::time::timeout(TIMEOUT, script)
+            .await
+            .expect("script finished (a scripted call was never made)")
+            .expect("script passed");
+        result
+    }
+
+    /// An Event on the JobSet; returns (type, reason, note).
+    async fn jobset_event(api: &mut ApiServer) -> (String, String, String) {
+        let (body, reply) = api.expect(Method::POST, EVENTS_URL).await;
+        assert_eq!(body["regarding"]["kind"], "JobSet");
+        assert_eq!(body["regarding"]["name"], "pi");
+        let text = |key: &str| body[key].as_str().unwrap_or_default().to_string();
+        let seen = (text("type"), text("reason"), text("note"));
+        respond(reply, 201, &body);
+        seen
+    }
+
+    #[tokio::test]
+    async fn a_jobset_mode_jobset_gets_its_secret_and_hostfile_owned_by_it() {
+        let f = fixture(Caches::default());
+        let result = run(&f.ctx, jobset("MPICH"), {
+            let mut api = f.server;
+            async move {
+                api.secret_get(404).await;
+                let uri = format!("{SECRET_URL}?&fieldManager=mpi-webhook");
+                let (body, reply) = api.expect(Method::POST, &uri).await;
+                let mut secret = expected_secret();
+                secret["metadata"]["ownerReferences"] = owned_by_the_jobset();
+                assert_eq!(body, secret);
+                respond(reply, 201, &body);
+                let (body, reply) = api.expect(Method::PATCH, CONFIGMAP_URL).await;
+                let mut configmap = expected_configmap();
+                configmap["metadata"]["ownerReferences"] = owned_by_the_jobset();
+                configmap["data"]["hostfile"] = json!("pi-node-0-0.pi:1\npi-node-0-1.pi:1\n");
+                assert_eq!(body, configmap);
+                respond(reply, 200, &body);
+                let (type_, reason, note) = jobset_event(&mut api).await;
+                assert_eq!((type_.as_str(), reason.as_str()), ("Normal", "Created"));
+                assert_eq!(
+                    note,
+                    "Created Secret pi-mpi-ssh-auth and applied ConfigMap pi-mpi-hostfile"
+                );
+            }
+        })
+        .await;
+        assert_eq!(result.expect("ok"), Action::await_change());
+        assert_eq!(f.metrics.writes("secret"), 1);
+    }
+
+    #[tokio::test]
+    async fn settings_that_do_not_parse_are_a_warning_event_and_no_write() {
+        let f = fixture(Caches::default());
+        let result = run(&f.ctx, jobset("LAM"), {
+            let mut api = f.server;
+            async move {
+                let (type_, reason, note) = jobset_event(&mut api).await;
+                assert_eq!(
+                    (type_.as_str(), reason.as_str()),
+                    ("Warning", "MPIResourcesCreationFailed")
+                );
+                assert_eq!(
+                    note,
+                    r#"metadata.labels[mpi-webhook.io/implementation]: Unsupported value: "LAM": supported values: "OpenMPI", "Intel", "MPICH""#
+                );
+            }
+        })
+        .await;
+        assert_eq!(result.expect_err("policy").metric_label(), "policy");
+    }
+}

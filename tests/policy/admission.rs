@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use super::support::*;
 
-fn admission_review(kind: (&str, &str, &str), operation: &str, object: Value) -> Value {
+pub(super) fn admission_review(kind: (&str, &str, &str), operation: &str, object: Value) -> Value {
     let (group, version, kind) = kind;
     json!({
         "apiVersion": "admission.k8s.io/v1",
@@ -29,7 +29,7 @@ fn admission_review(kind: (&str, &str, &str), operation: &str, object: Value) ->
 }
 
 const TRAINJOB: (&str, &str, &str) = ("trainer.kubeflow.org", "v1alpha1", "TrainJob");
-const JOBSET: (&str, &str, &str) = ("jobset.x-k8s.io", "v1alpha2", "JobSet");
+pub(super) const JOBSET: (&str, &str, &str) = ("jobset.x-k8s.io", "v1alpha2", "JobSet");
 
 fn snapshot(runtimes: &[(RuntimeKind, Value)], train_jobs: &[Value]) -> Snapshot {
     let mut s = Snapshot::default();
@@ -43,7 +43,7 @@ fn snapshot(runtimes: &[(RuntimeKind, Value)], train_jobs: &[Value]) -> Snapshot
 }
 
 /// The answer `serve` gives to `body`, checked against the `review` command's ([`served`]).
-async fn respond(route: Route, body: &Value, objects: &Snapshot) -> Value {
+pub(super) async fn respond(route: Route, body: &Value, objects: &Snapshot) -> Value {
     let bytes = serde_json::to_vec(body).expect("serializes");
     served(route, &bytes, body.clone(), objects).await
 }
@@ -738,7 +738,11 @@ async fn an_array_where_the_pod_spec_belongs_is_denied_at_any_depth() {
 
 /// Every location of `body`, removed or replaced by a value of each JSON type, gets the same
 /// answer (or the same 400) from the three reads. Returns how many edits were answered.
-async fn every_edit_reads_alike(route: Route, body: &Value, objects: &Snapshot) -> usize {
+pub(super) async fn every_edit_reads_alike(
+    route: Route,
+    body: &Value,
+    objects: &Snapshot,
+) -> usize {
     let replacements = [
         json!(null),
         json!("s"),

@@ -4,6 +4,7 @@
 mod admission;
 mod coexistence;
 mod enforce;
+mod jobset_mode;
 mod render;
 mod ssa;
 mod support;

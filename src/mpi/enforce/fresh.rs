@@ -261,7 +261,7 @@ pub fn enforce_fresh(plan: &MpiPlan, jobset: &JobSetView<'_>) -> Option<PatchJso
     // Built once, written into every replicatedJob that gets them.
     let volumes = (
         SshAuthVolume::new(plan),
-        HostfileVolume::new(&plan.train_job),
+        HostfileVolume::new(&plan.jobset_name),
     );
     let rjobs = jobset
         .spec
@@ -318,10 +318,10 @@ fn fresh_replicated_job(
     if is_launcher {
         volumes.append(patch, hostfile.name(), hostfile)?;
     }
-    // C.4 and C.5: mounts by mountPath and env by name, on containers named `node` only.
+    // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only.
     let containers = child(&pod_spec, &keys(["containers"]));
     for (c, container) in pod.containers.iter().flatten().enumerate() {
-        if container.name.as_deref() != Some(NODE) {
+        if !plan.wired_container.wires(c, container.name.as_deref()) {
             continue;
         }
         let container_path = child(&containers, &[Token::Index(c)]);

@@ -78,7 +78,7 @@ impl SshAuthVolume {
         Self {
             name: SSH_AUTH_VOLUME,
             secret: SecretSource {
-                secret_name: ssh_secret_name(&plan.train_job),
+                secret_name: ssh_secret_name(&plan.jobset_name),
                 default_mode: SSH_AUTH_DEFAULT_MODE,
                 items: [
                     KeyToPath {

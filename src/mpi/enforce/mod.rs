@@ -320,10 +320,11 @@ fn enforce_replicated_job(
         patcher.upsert(
             &volumes,
             "name",
-            to_value(&HostfileVolume::new(&plan.train_job)),
+            to_value(&HostfileVolume::new(&plan.jobset_name)),
         )?;
     }
-    // C.4 and C.5: mounts by mountPath and env by name, on containers named `node` only.
+    // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in
+    // TrainJob mode those named `node`).
     let containers = child(&pod_spec, &keys(["containers"]));
     let count = match patcher.get(&containers) {
         None | Some(Value::Null) => 0,
@@ -332,11 +333,10 @@ fn enforce_replicated_job(
     };
     for c in 0..count {
         let container = child(&containers, &[Token::Index(c)]);
-        if patcher
+        let name = patcher
             .get(&child(&container, &keys(["name"])))
-            .and_then(Value::as_str)
-            != Some(NODE)
-        {
+            .and_then(Value::as_str);
+        if !plan.wired_container.wires(c, name) {
             continue;
         }
         let mounts = child(&container, &keys(["volumeMounts"]));

@@ -1,0 +1,620 @@
+//! JobSet mode, read like the contract's table (interface.md "JobSet mode"): one test per
+//! setting and per validation rule, with exact messages and exact patches. Every review goes
+//! through the three reads (`respond`), so the fast read and the general read answer alike.
+
+use base64::Engine;
+use mpi_webhook::admission::Route;
+use mpi_webhook::api::JobSet;
+use mpi_webhook::mpi::hostfile::hostfile;
+use mpi_webhook::mpi::plan::MpiPlan;
+use mpi_webhook::objects::Snapshot;
+use pretty_assertions::assert_eq;
+use serde_json::{Value, json};
+
+use super::admission::{JOBSET, admission_review, every_edit_reads_alike, respond};
+use super::support::{hostfile_volume, mutate, open_mpi_env};
+
+const LABEL: &str = "mpi-webhook.io/implementation";
+
+/// A container with an image, and `extra` members.
+fn container(name: &str, extra: Value) -> Value {
+    let mut c = json!({"name": name, "image": "mpi:latest"});
+    if let (Value::Object(c), Value::Object(extra)) = (&mut c, extra) {
+        c.extend(extra);
+    }
+    c
+}
+
+fn rjob(name: &str, job_spec: Value, containers: Vec<Value>) -> Value {
+    let mut spec = job_spec;
+    spec["template"] = json!({"spec": {"containers": containers}});
+    json!({"name": name, "template": {"spec": spec}})
+}
+
+/// `node` (2 workers, container `worker`) then `launcher` (container `launcher`, waiting for
+/// the workers): the shape the samples and the README use.
+fn rjobs() -> Vec<Value> {
+    let mut launcher = rjob(
+        "launcher",
+        json!({}),
+        vec![container("launcher", json!({}))],
+    );
+    launcher["dependsOn"] = json!([{"name": "node", "status": "Ready"}]);
+    vec![
+        rjob(
+            "node",
+            json!({"parallelism": 2, "completions": 2}),
+            vec![container("worker", json!({}))],
+        ),
+        launcher,
+    ]
+}
+
+/// A JobSet-mode JobSet `pi` with the given implementation and annotations.
+fn jobset(implementation: &str, annotations: Value, rjobs: Vec<Value>) -> Value {
+    json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": "pi", "namespace": "default", "uid": "pi-uid",
+            "labels": {LABEL: implementation},
+            "annotations": annotations
+        },
+        "spec": {"replicatedJobs": rjobs}
+    })
+}
+
+fn plan(jobset: &Value) -> MpiPlan {
+    let typed: JobSet = serde_json::from_value(jobset.clone()).expect("JobSet");
+    MpiPlan::for_jobset(&typed).expect("settings parse")
+}
+
+fn hostfile_of(jobset: &Value) -> String {
+    hostfile(&plan(jobset)).expect("fits")
+}
+
+async fn review(route: Route, operation: &str, object: Value, old: Option<Value>) -> Value {
+    let mut body = admission_review(JOBSET, operation, object);
+    if let Some(old) = old {
+        body["request"]["oldObject"] = old;
+    }
+    respond(route, &body, &Snapshot::default()).await["response"].clone()
+}
+
+async fn validate(object: Value) -> Value {
+    review(Route::ValidateJobSet, "CREATE", object, None).await
+}
+
+/// The denial message of both routes, which must agree (the mutator denies what the validator
+/// denies, so no pod starts half wired).
+async fn denial(object: Value) -> String {
+    let validated = validate(object.clone()).await;
+    let mutated = review(Route::MutateJobSet, "CREATE", object, None).await;
+    assert_eq!(validated["allowed"], false, "{validated}");
+    assert_eq!(
+        validated["status"], mutated["status"],
+        "both routes deny alike"
+    );
+    validated["status"]["message"]
+        .as_str()
+        .expect("message")
+        .to_string()
+}
+
+fn patch_of(response: &Value) -> Value {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(response["patch"].as_str().expect("a patch"))
+        .expect("base64");
+    serde_json::from_slice(&bytes).expect("JSON")
+}
+
+fn pod_spec(jobset: &Value, i: usize) -> &Value {
+    &jobset["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"]
+}
+
+/// The SSH volume of JobSet `pi`: 0600 for `id_rsa` (Decision 18), the rest as TrainJob mode.
+fn strict_ssh_volume() -> Value {
+    json!({
+        "name": "mpi-ssh-auth",
+        "secret": {
+            "secretName": "pi-mpi-ssh-auth",
+            "defaultMode": 256,
+            "items": [
+                {"key": "ssh-privatekey", "path": "id_rsa", "mode": 384},
+                {"key": "ssh-publickey", "path": "id_rsa.pub", "mode": 420},
+                {"key": "ssh-publickey", "path": "authorized_keys", "mode": 420}
+            ]
+        }
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Settings: one test per row of the table
+
+#[tokio::test]
+async fn defaults_give_this_exact_patch_on_each_templates_first_container() {
+    let js = jobset("OpenMPI", json!({}), rjobs());
+    let response = review(Route::MutateJobSet, "CREATE", js.clone(), None).await;
+    assert_eq!(response["allowed"], true);
+    let pod = |i: usize| format!("/spec/replicatedJobs/{i}/template/spec/template/spec");
+    let mut expected = vec![
+        json!({"op": "add", "path": format!("{}/volumes", pod(0)), "value": [strict_ssh_volume()]}),
+        json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(0)),
+               "value": [{"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"}]}),
+        json!({"op": "add", "path": format!("{}/volumes", pod(1)), "value": [strict_ssh_volume()]}),
+        json!({"op": "add", "path": format!("{}/volumes/-", pod(1)), "value": hostfile_volume("pi")}),
+        json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(1)),
+               "value": [{"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"}]}),
+        json!({"op": "add", "path": format!("{}/containers/0/volumeMounts/-", pod(1)),
+               "value": {"name": "mpi-hostfile", "mountPath": "/etc/mpi"}}),
+    ];
+    let env = open_mpi_env(1);
+    for (k, var) in env.as_array().expect("env").iter().enumerate() {
+        expected.push(match k {
+            0 => {
+                json!({"op": "add", "path": format!("{}/containers/0/env", pod(1)), "value": [var]})
+            }
+            _ => {
+                json!({"op": "add", "path": format!("{}/containers/0/env/-", pod(1)), "value": var})
+            }
+        });
+    }
+    assert_eq!(patch_of(&response), Value::Array(expected));
+    assert_eq!(
+        hostfile_of(&js),
+        "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\n"
+    );
+}
+
+#[tokio::test]
+async fn a_second_pass_yields_no_patch() {
+    for implementation in ["OpenMPI", "Intel", "MPICH"] {
+        let js = jobset(
+            implementation,
+            json!({"mpi-webhook.io/run-launcher-as-node": "true", "mpi-webhook.io/slots-per-node": "3"}),
+            rjobs(),
+        );
+        // `mutate` applies the patch and asserts the second pass is empty, on both enforce paths.
+        let patched = mutate(&plan(&js), &js);
+        let again = review(Route::MutateJobSet, "CREATE", patched, None).await;
+        assert_eq!(again["allowed"], true);
+        assert_eq!(again.get("patch"), None, "{implementation}");
+    }
+}
+
+#[test]
+fn label_chooses_the_implementation_row() {
+    let intel = jobset("Intel", json!({}), rjobs());
+    let patched = mutate(&plan(&intel), &intel);
+    assert_eq!(
+        pod_spec(&patched, 1)["containers"][0]["env"],
+        json!([
+            {"name": "I_MPI_HYDRA_HOST_FILE", "value": "/etc/mpi/hostfile"},
+            {"name": "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", "value": "-o ConnectionAttempts=10"},
+            {"name": "I_MPI_PERHOST", "value": "1"},
+            {"name": "I_MPI_HYDRA_IFACE", "value": "eth0"}
+        ])
+    );
+    assert_eq!(hostfile_of(&intel), "pi-node-0-0.pi:1\npi-node-0-1.pi:1\n");
+    let mpich = jobset("MPICH", json!({}), rjobs());
+    let patched = mutate(&plan(&mpich), &mpich);
+    assert_eq!(
+        pod_spec(&patched, 1)["containers"][0]["env"],
+        json!([
+            {"name": "HYDRA_HOST_FILE", "value": "/etc/mpi/hostfile"},
+            {"name": "HYDRA_LAUNCHER_EXTRA_ARGS", "value": "-o ConnectionAttempts=10"},
+            {"name": "HYDRA_IFACE", "value": "eth0"}
+        ])
+    );
+}
+
+#[test]
+fn slots_per_node_annotation_sets_slots() {
+    let js = jobset(
+        "OpenMPI",
+        json!({"mpi-webhook.io/slots-per-node": "4"}),
+        rjobs(),
+    );
+    let patched = mutate(&plan(&js), &js);
+    assert_eq!(
+        pod_spec(&patched, 1)["containers"][0]["env"],
+        open_mpi_env(4)
+    );
+    assert_eq!(
+        hostfile_of(&js),
+        "pi-node-0-0.pi slots=4\npi-node-0-1.pi slots=4\n"
+    );
+}
+
+#[test]
+fn slots_default_to_the_gpus_of_the_wired_node_container_when_above_one() {
+    let with_gpus = |gpus: Value, container_annotation: bool| {
+        let mut rjobs = rjobs();
+        let resources = json!({"resources": {"limits": {"nvidia.com/gpu": gpus}}});
+        let containers = vec![
+            container(
+                "sidecar",
+                json!({"resources": {"limits": {"nvidia.com/gpu": 8}}}),
+            ),
+            container("worker", resources),
+        ];
+        rjobs[0]["template"]["spec"]["template"]["spec"]["containers"] = json!(containers);
+        rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] = json!([
+            container("sidecar", json!({})),
+            container("worker", json!({}))
+        ]);
+        let annotations = match container_annotation {
+            true => json!({"mpi-webhook.io/container": "worker"}),
+            false => json!({}),
+        };
+        plan(&jobset("OpenMPI", annotations, rjobs)).slots
+    };
+    assert_eq!(with_gpus(json!(4), true), 4, "the wired container's GPUs");
+    assert_eq!(with_gpus(json!(1), true), 1, "one GPU: 1 slot");
+    assert_eq!(
+        with_gpus(json!(4), false),
+        8,
+        "by default the first container is wired"
+    );
+    assert_eq!(
+        plan(&jobset("OpenMPI", json!({}), rjobs())).slots,
+        1,
+        "no GPU"
+    );
+}
+
+#[test]
+fn ssh_auth_mount_path_annotation_moves_the_ssh_mount() {
+    let js = jobset(
+        "OpenMPI",
+        json!({"mpi-webhook.io/ssh-auth-mount-path": "/home/mpiuser/.ssh"}),
+        rjobs(),
+    );
+    let patched = mutate(&plan(&js), &js);
+    for i in [0, 1] {
+        assert_eq!(
+            pod_spec(&patched, i)["containers"][0]["volumeMounts"][0],
+            json!({"name": "mpi-ssh-auth", "mountPath": "/home/mpiuser/.ssh"})
+        );
+    }
+}
+
+#[test]
+fn run_launcher_as_node_lists_the_launcher_and_hydra_by_its_pod_host_name() {
+    let as_node = json!({"mpi-webhook.io/run-launcher-as-node": "true"});
+    assert_eq!(
+        hostfile_of(&jobset("OpenMPI", as_node.clone(), rjobs())),
+        "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\npi-launcher-0-0.pi slots=1\n"
+    );
+    assert_eq!(
+        hostfile_of(&jobset("MPICH", as_node, rjobs())),
+        "pi-node-0-0.pi:1\npi-node-0-1.pi:1\npi-launcher-0-0:1\n"
+    );
+    let not = json!({"mpi-webhook.io/run-launcher-as-node": "false"});
+    assert_eq!(
+        hostfile_of(&jobset("MPICH", not, rjobs())),
+        "pi-node-0-0.pi:1\npi-node-0-1.pi:1\n"
+    );
+}
+
+#[test]
+fn container_annotation_wires_that_container_and_no_other() {
+    let mut rjobs = rjobs();
+    for (i, name) in [(0, "worker"), (1, "launcher")] {
+        rjobs[i]["template"]["spec"]["template"]["spec"]["containers"] = json!([
+            container("log", json!({})),
+            container(name, json!({})),
+            container("mpi", json!({}))
+        ]);
+    }
+    let js = jobset("OpenMPI", json!({"mpi-webhook.io/container": "mpi"}), rjobs);
+    let patched = mutate(&plan(&js), &js);
+    for i in [0, 1] {
+        let containers = &pod_spec(&patched, i)["containers"];
+        assert_eq!(containers[0], container("log", json!({})), "untouched");
+        assert!(containers[1].get("volumeMounts").is_none(), "untouched");
+        assert!(containers[2]["volumeMounts"].is_array(), "wired");
+    }
+    assert_eq!(
+        pod_spec(&patched, 1)["containers"][2]["env"],
+        open_mpi_env(1)
+    );
+}
+
+#[test]
+fn counts_are_the_jobsets_own_and_never_patched() {
+    let mut rjobs = rjobs();
+    rjobs[0]["replicas"] = json!(2);
+    rjobs[0]["template"]["spec"]["parallelism"] = json!(3);
+    let mut js = jobset("MPICH", json!({}), rjobs);
+    js["spec"]["network"] = json!({"subdomain": "workers"});
+    assert_eq!(
+        hostfile_of(&js),
+        "pi-node-0-0.workers:1\npi-node-0-1.workers:1\npi-node-0-2.workers:1\npi-node-1-0.workers:1\npi-node-1-1.workers:1\npi-node-1-2.workers:1\n"
+    );
+    let patched = mutate(&plan(&js), &js);
+    assert_eq!(
+        patched["spec"]["replicatedJobs"][0]["template"]["spec"]["parallelism"],
+        3
+    );
+    assert_eq!(
+        patched["spec"]["replicatedJobs"][0]["template"]["spec"]["completions"], 2,
+        "completions untouched"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation: one test per rule
+
+#[tokio::test]
+async fn a_valid_jobset_is_admitted_without_warnings() {
+    let response = validate(jobset("OpenMPI", json!({}), rjobs())).await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response.get("warnings"), None);
+}
+
+#[tokio::test]
+async fn unsupported_implementation_is_denied_with_the_supported_values() {
+    assert_eq!(
+        denial(jobset("openmpi", json!({}), rjobs())).await,
+        r#"metadata.labels[mpi-webhook.io/implementation]: Unsupported value: "openmpi": supported values: "OpenMPI", "Intel", "MPICH""#
+    );
+}
+
+#[tokio::test]
+async fn annotations_that_do_not_parse_are_denied_each_naming_itself() {
+    let cases = [
+        (
+            json!({"mpi-webhook.io/slots-per-node": "0"}),
+            r#"metadata.annotations[mpi-webhook.io/slots-per-node]: Invalid value: "0": must be an integer >= 1"#,
+        ),
+        (
+            json!({"mpi-webhook.io/slots-per-node": "two"}),
+            r#"metadata.annotations[mpi-webhook.io/slots-per-node]: Invalid value: "two": must be an integer >= 1"#,
+        ),
+        (
+            json!({"mpi-webhook.io/ssh-auth-mount-path": ".ssh"}),
+            r#"metadata.annotations[mpi-webhook.io/ssh-auth-mount-path]: Invalid value: ".ssh": must be an absolute path"#,
+        ),
+        (
+            json!({"mpi-webhook.io/run-launcher-as-node": "yes"}),
+            r#"metadata.annotations[mpi-webhook.io/run-launcher-as-node]: Unsupported value: "yes": supported values: "true", "false""#,
+        ),
+    ];
+    for (annotations, expected) in cases {
+        assert_eq!(
+            denial(jobset("OpenMPI", annotations, rjobs())).await,
+            expected
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_missing_or_multi_pod_launcher_is_denied() {
+    let node_only = vec![rjobs().remove(0)];
+    assert_eq!(
+        denial(jobset("OpenMPI", json!({}), node_only)).await,
+        r#"spec.replicatedJobs: Required value: JobSet mode needs a replicatedJob named "launcher""#
+    );
+    let mut rjobs = rjobs();
+    rjobs[1]["replicas"] = json!(2);
+    rjobs[1]["template"]["spec"]["parallelism"] = json!(3);
+    rjobs[1]["template"]["spec"]["completions"] = json!(3);
+    assert_eq!(
+        denial(jobset("OpenMPI", json!({}), rjobs)).await,
+        "[spec.replicatedJobs[1].replicas: Invalid value: 2: the launcher must run exactly 1 pod, spec.replicatedJobs[1].template.spec.parallelism: Invalid value: 3: the launcher must run exactly 1 pod, spec.replicatedJobs[1].template.spec.completions: Invalid value: 3: the launcher must run exactly 1 pod]"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_node_is_denied_unless_the_launcher_runs_as_node() {
+    let launcher_only = vec![rjobs().remove(1)];
+    assert_eq!(
+        denial(jobset("OpenMPI", json!({}), launcher_only.clone())).await,
+        r#"spec.replicatedJobs: Required value: JobSet mode needs a replicatedJob named "node" unless mpi-webhook.io/run-launcher-as-node is "true""#
+    );
+    let as_node = json!({"mpi-webhook.io/run-launcher-as-node": "true"});
+    let response = validate(jobset("MPICH", as_node, launcher_only)).await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(response.get("warnings"), None, "no node to wait for");
+}
+
+#[tokio::test]
+async fn an_unknown_container_is_denied_in_each_template() {
+    assert_eq!(
+        denial(jobset(
+            "OpenMPI",
+            json!({"mpi-webhook.io/container": "mpi"}),
+            rjobs()
+        ))
+        .await,
+        r#"[spec.replicatedJobs[1].template.spec.template.spec.containers: Invalid value: "mpi": must contain the container named by annotation mpi-webhook.io/container, spec.replicatedJobs[0].template.spec.template.spec.containers: Invalid value: "mpi": must contain the container named by annotation mpi-webhook.io/container]"#
+    );
+}
+
+#[tokio::test]
+async fn a_jobset_without_a_name_is_denied() {
+    let mut js = jobset("OpenMPI", json!({}), rjobs());
+    js["metadata"]["name"] = json!("");
+    js["metadata"]["generateName"] = json!("pi-");
+    assert_eq!(
+        denial(js).await,
+        "metadata.name: Required value: JobSet mode names the Secret, the ConfigMap and the host names after the JobSet: set a name (generateName alone is not enough)"
+    );
+}
+
+#[tokio::test]
+async fn dns_hostnames_switched_off_is_denied() {
+    let mut js = jobset("OpenMPI", json!({}), rjobs());
+    js["spec"]["network"] = json!({"enableDNSHostnames": false});
+    assert_eq!(
+        denial(js).await,
+        "spec.network.enableDNSHostnames: Invalid value: false: must not be false in JobSet mode: MPI reaches every host by its pod host name"
+    );
+}
+
+#[tokio::test]
+async fn a_reserved_env_on_the_wired_launcher_container_is_denied_in_section_b_form() {
+    let mut rjobs = rjobs();
+    // The entry the mutation writes is no conflict (the validator sees the mutated JobSet).
+    let env = json!([
+        {"name": "OMPI_MCA_orte_keep_fqdn_hostnames", "value": "true"},
+        {"name": "PRTE_MCA_plm_ssh_args", "value": "<x>"},
+        {"name": "I_MPI_PERHOST", "value": "2"},
+        {"name": "OMPI_MCA_orte_default_hostfile", "value": "/h"}
+    ]);
+    rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] = json!([
+        container(
+            "log",
+            json!({"env": [{"name": "OMPI_MCA_plm_rsh_args", "value": "ok here"}]})
+        ),
+        container("mpi", json!({"env": env})),
+    ]);
+    rjobs[0]["template"]["spec"]["template"]["spec"]["containers"] =
+        json!([container("mpi", json!({}))]);
+    let js = jobset("OpenMPI", json!({"mpi-webhook.io/container": "mpi"}), rjobs);
+    assert_eq!(
+        denial(js).await,
+        r#"spec.replicatedJobs[1].template.spec.template.spec.containers[1].env: Invalid value: [{"name":"OMPI_MCA_orte_keep_fqdn_hostnames","value":"true"},{"name":"PRTE_MCA_plm_ssh_args","value":"\u003cx\u003e"},{"name":"I_MPI_PERHOST","value":"2"},{"name":"OMPI_MCA_orte_default_hostfile","value":"/h"}]: must not have reserved envs, invalid envs configured: [OMPI_MCA_orte_default_hostfile PRTE_MCA_plm_ssh_args]"#
+    );
+}
+
+#[tokio::test]
+async fn a_hostfile_over_a_configmap_is_denied() {
+    let mut rjobs = rjobs();
+    rjobs[0]["template"]["spec"]["parallelism"] = json!(100_000);
+    assert_eq!(
+        denial(jobset("OpenMPI", json!({}), rjobs)).await,
+        "spec.replicatedJobs[0].template.spec.parallelism: Invalid value: 100000: the MPI hostfile would be 2688890 bytes, over the 1048576-byte limit of a ConfigMap"
+    );
+}
+
+#[tokio::test]
+async fn on_update_the_label_and_annotations_are_immutable() {
+    let old = jobset(
+        "OpenMPI",
+        json!({"mpi-webhook.io/slots-per-node": "2"}),
+        rjobs(),
+    );
+    let same = review(
+        Route::ValidateJobSet,
+        "UPDATE",
+        old.clone(),
+        Some(old.clone()),
+    )
+    .await;
+    assert_eq!(same["allowed"], true);
+    let mut changed = jobset(
+        "Intel",
+        json!({"mpi-webhook.io/container": "worker"}),
+        rjobs(),
+    );
+    changed["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"] =
+        json!([container("worker", json!({}))]);
+    let response = review(Route::ValidateJobSet, "UPDATE", changed, Some(old.clone())).await;
+    assert_eq!(
+        response["status"]["message"],
+        r#"[metadata.labels[mpi-webhook.io/implementation]: Invalid value: "Intel": field is immutable, metadata.annotations[mpi-webhook.io/slots-per-node]: Invalid value: "": field is immutable, metadata.annotations[mpi-webhook.io/container]: Invalid value: "worker": field is immutable]"#
+    );
+    let mut unlabelled = old.clone();
+    unlabelled["metadata"]["labels"] = json!({});
+    unlabelled["metadata"]["annotations"] = json!({});
+    let response = review(
+        Route::ValidateJobSet,
+        "UPDATE",
+        unlabelled.clone(),
+        Some(old),
+    )
+    .await;
+    assert_eq!(
+        response["status"]["message"],
+        r#"[metadata.labels[mpi-webhook.io/implementation]: Invalid value: "": field is immutable, metadata.annotations[mpi-webhook.io/slots-per-node]: Invalid value: "": field is immutable]"#
+    );
+    let added = jobset("OpenMPI", json!({}), rjobs());
+    let response = review(Route::ValidateJobSet, "UPDATE", added, Some(unlabelled)).await;
+    assert_eq!(
+        response["status"]["message"],
+        r#"metadata.labels[mpi-webhook.io/implementation]: Invalid value: "OpenMPI": field is immutable"#
+    );
+}
+
+#[tokio::test]
+async fn the_label_on_a_trainjob_owned_jobset_is_denied_and_trainjob_mode_wins() {
+    let mut js = jobset("OpenMPI", json!({}), rjobs());
+    js["metadata"]["ownerReferences"] = json!([{
+        "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "name": "pi", "uid": "tj-uid", "controller": true
+    }]);
+    let response = validate(js.clone()).await;
+    assert_eq!(
+        response["status"]["message"],
+        r#"metadata.labels[mpi-webhook.io/implementation]: Invalid value: "OpenMPI": must not be set on a JobSet owned by a TrainJob: its MPI policy comes from the TrainJob's runtime"#
+    );
+    // The mutator reads it in TrainJob mode: the TrainJob is looked up (and here not found).
+    let mutated = review(Route::MutateJobSet, "CREATE", js, None).await;
+    assert_eq!(
+        mutated["status"]["message"],
+        r#"TrainJob "default/pi", the controller owner of this JobSet, was not found; retry once it exists"#
+    );
+}
+
+#[tokio::test]
+async fn a_launcher_not_waiting_for_ready_nodes_is_admitted_with_a_warning() {
+    let mut rjobs = rjobs();
+    rjobs[1]["dependsOn"] = json!([{"name": "node", "status": "Complete"}]);
+    let js = jobset("OpenMPI", json!({}), rjobs);
+    let response = validate(js.clone()).await;
+    assert_eq!(response["allowed"], true);
+    assert_eq!(
+        response["warnings"],
+        json!([
+            "spec.replicatedJobs[1].dependsOn: the launcher does not wait for the workers: without dependsOn [{name: node, status: Ready}] it may start before their sshd listens"
+        ])
+    );
+    let mutated = review(Route::MutateJobSet, "CREATE", js, None).await;
+    assert_eq!(mutated["allowed"], true);
+    assert_eq!(mutated.get("warnings"), None, "the validator warns, once");
+}
+
+#[tokio::test]
+async fn unlabelled_jobsets_are_left_alone() {
+    let mut js = jobset("OpenMPI", json!({}), vec![]);
+    js["metadata"]["labels"] = json!({"app": "x"});
+    assert_eq!(validate(js.clone()).await["allowed"], true);
+    let mutated = review(Route::MutateJobSet, "CREATE", js, None).await;
+    assert_eq!(mutated["allowed"], true);
+    assert_eq!(mutated.get("patch"), None);
+}
+
+#[tokio::test]
+async fn an_unreadable_jobset_is_denied_naming_the_field() {
+    let mut js = jobset("OpenMPI", json!({}), rjobs());
+    js["spec"]["replicatedJobs"][0]["replicas"] = json!("2");
+    let expected = r#"JobSet cannot be read: spec.replicatedJobs[0].replicas: invalid type: string "2", expected i32"#;
+    assert_eq!(denial(js).await, expected);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The three reads agree on every edit of a JobSet-mode review, on both routes
+
+#[tokio::test]
+async fn every_edit_of_a_jobset_mode_review_reads_alike_three_ways() {
+    let mut js = jobset(
+        "Intel",
+        json!({"mpi-webhook.io/container": "worker", "mpi-webhook.io/slots-per-node": "2"}),
+        rjobs(),
+    );
+    js["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"] =
+        json!([container(
+            "worker",
+            json!({"env": [{"name": "A", "value": "1"}]})
+        )]);
+    js["spec"]["network"] = json!({"subdomain": "pi"});
+    let objects = Snapshot::default();
+    let create = admission_review(JOBSET, "CREATE", js.clone());
+    assert!(every_edit_reads_alike(Route::MutateJobSet, &create, &objects).await > 0);
+    assert!(every_edit_reads_alike(Route::ValidateJobSet, &create, &objects).await > 0);
+    let mut update = admission_review(JOBSET, "UPDATE", js.clone());
+    update["request"]["oldObject"] = js;
+    assert!(every_edit_reads_alike(Route::ValidateJobSet, &update, &objects).await > 0);
+}
