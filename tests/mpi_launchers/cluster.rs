@@ -53,10 +53,22 @@ pub struct PodPlan {
     pub rjob: String,
     /// `template.spec.template.spec` of its replicatedJob, after the webhook's patch
     pub pod_spec: Value,
+    /// The name of the container the pod runs (the one the MPI wiring is for); other containers
+    /// of the pod (sidecars) are not run.
+    pub container: String,
 }
 
-/// The pods a JobSet yields: for each replicatedJob in order, `replicas` × `parallelism`.
-pub fn plan_pods(jobset: &Value) -> Result<Vec<PodPlan>> {
+impl PodPlan {
+    /// The container the pod runs.
+    pub fn container(&self) -> Result<&Value> {
+        product::container(&self.pod_spec, &self.container)
+            .with_context(|| format!("pod {}", self.hostname))
+    }
+}
+
+/// The pods a JobSet yields: for each replicatedJob in order, `replicas` × `parallelism`, each
+/// running the container `mode` wires.
+pub fn plan_pods(jobset: &Value, mode: product::Mode) -> Result<Vec<PodPlan>> {
     let name = jobset["metadata"]["name"]
         .as_str()
         .context("JobSet has no name")?;
@@ -83,6 +95,7 @@ pub fn plan_pods(jobset: &Value) -> Result<Vec<PodPlan>> {
                     hostname,
                     rjob: rname.to_string(),
                     pod_spec: rj["template"]["spec"]["template"]["spec"].clone(),
+                    container: mode.wired_container(rname).to_string(),
                 });
             }
         }
@@ -214,10 +227,10 @@ impl Cluster {
         Ok(())
     }
 
-    /// The user pod `p`'s `node` container runs as: its `securityContext.runAsUser` (else the
+    /// The user pod `p`'s container runs as: its `securityContext.runAsUser` (else the
     /// pod's), which must be the image's user; `None` is root.
     fn container_user(&self, p: &Pod) -> Result<Option<ImageUser>> {
-        let container = product::node_container(&p.plan.pod_spec)?;
+        let container = p.plan.container()?;
         let uid = container["securityContext"]["runAsUser"]
             .as_u64()
             .or_else(|| p.plan.pod_spec["securityContext"]["runAsUser"].as_u64());
@@ -283,8 +296,7 @@ impl Cluster {
         rendered: &[Value],
         launcher: &Launcher,
     ) -> Result<()> {
-        let container = product::node_container(&p.plan.pod_spec)
-            .with_context(|| format!("pod {}", p.plan.hostname))?;
+        let container = p.plan.container()?;
         let volumes = p.plan.pod_spec["volumes"]
             .as_array()
             .cloned()

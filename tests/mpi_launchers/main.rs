@@ -14,8 +14,19 @@
 //! `/home/mpiuser/.ssh`, sshd on 2222), with kubelet's fsGroup treatment of the Secret volume:
 //! that is how upstream's `id_rsa` mode 0640, which TrainJob mode keeps, is usable by ssh.
 //!
-//! Open MPI 5 also gets a negative control: with only upstream's four OMPI_MCA_orte_* vars the
-//! ranks stay on the launcher (kubeflow/trainer#4028) and the job still "succeeds".
+//! JobSet mode (issue 14) starts from a plain JobSet labelled `mpi-webhook.io/implementation`
+//! instead: the same CLI (`render --objects-dir` with the JobSet in it, `review mutate` without
+//! objects), pods running as root without `fsGroup`, SSH files under the default `/root/.ssh`,
+//! sshd on 22. That is the case JobSet mode's `id_rsa` 0600 is for (Decision 18): the key is
+//! root's and so is ssh. Every launcher runs it with and without run-launcher-as-node; on some of
+//! those runs the JobSet also sets `mpi-webhook.io/container` (the wired container listed after a
+//! sidecar, which must come out untouched) and `mpi-webhook.io/slots-per-node`. For JobSet mode
+//! the test also asserts the exact hostfile (Decision 17 for Hydra's launcher line) and the key's
+//! mode.
+//!
+//! Negative controls: Open MPI 5 with only upstream's four OMPI_MCA_orte_* vars keeps the ranks
+//! on the launcher (kubeflow/trainer#4028) and the job still "succeeds"; a JobSet-mode run with
+//! TrainJob mode's `id_rsa` 0640 fails as root, ssh refusing the key.
 //!
 //! Needs root, iproute2, util-linux, openssh-server and the launchers:
 //! `scripts/install-mpi-launchers.sh`. Missing prerequisites fail the test under CI=true and skip
@@ -37,7 +48,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 use cluster::{Cluster, plan_pods};
 use launchers::Launcher;
-use product::Mode;
+use product::{JobSetShape, Mode};
 
 /// Development knob: an RFC 6902 patch file applied to the JobSet after the product's patch, to
 /// try a change (an env var, a mode) on the real launchers before proposing it. Refused under CI.
@@ -61,13 +72,19 @@ size="${OMPI_COMM_WORLD_SIZE:-${PMI_SIZE:-unknown}}"
 echo "MPIW-RANK rank=$rank size=$size host=$(cat /proc/sys/kernel/hostname) netns=$(readlink /proc/self/ns/net) uid=$(id -u)"
 "#;
 
+/// What of the product's wiring a scenario runs.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Env {
-    /// Exactly the env of the patched JobSet's launcher container.
+enum Wiring {
+    /// Exactly the patched JobSet, its launcher container's env included.
     Product,
-    /// The same, less everything beyond upstream's four OMPI_MCA_orte_*/plm_rsh vars.
+    /// The same, less every launcher env var beyond upstream's four OMPI_MCA_orte_*/plm_rsh vars.
     UpstreamOnly,
+    /// The same, with `id_rsa` projected with TrainJob mode's 0640 instead.
+    GroupReadableKey,
 }
+
+/// ssh's complaint about a private key its group or others can read, when the key is its own.
+const UNPROTECTED_KEY: &str = "UNPROTECTED PRIVATE KEY FILE";
 
 #[derive(Debug)]
 struct Rank {
@@ -135,7 +152,7 @@ fn scenario(
     version: &str,
     mode: Mode,
     lan: bool,
-    env_kind: Env,
+    wiring: Wiring,
     tag: &str,
 ) -> Result<Outcome> {
     let work = tempfile::Builder::new()
@@ -147,7 +164,11 @@ fn scenario(
     // The work dir is the pods' shared "image" content (the probe); make it traversable.
     std::fs::set_permissions(work.path(), std::fs::Permissions::from_mode(0o755))?;
 
-    let name = format!("{}-{}", l.id, if lan { "lan" } else { "sep" });
+    let lan_part = if lan { "lan" } else { "sep" };
+    let name = match mode {
+        Mode::TrainJob => format!("{}-{lan_part}", l.id),
+        Mode::JobSet(_) => format!("{}-js-{lan_part}", l.id),
+    };
     let command = vec![
         l.program.to_string_lossy().into_owned(),
         probe.to_string_lossy().into_owned(),
@@ -164,7 +185,16 @@ fn scenario(
             .context("applying the experiment patch")?;
     }
 
-    let plans = plan_pods(&products.jobset)?;
+    if let Mode::JobSet(_) = mode {
+        check_jobset_mode_patch(&inputs.jobset, &products.jobset, mode)?;
+    }
+    if wiring == Wiring::GroupReadableKey {
+        for (_, item) in private_key_items(&mut products.jobset) {
+            item["mode"] = serde_json::json!(0o640);
+        }
+    }
+
+    let plans = plan_pods(&products.jobset, mode)?;
     let launcher_idx = plans
         .iter()
         .position(|p| p.rjob == "launcher")
@@ -174,9 +204,9 @@ fn scenario(
         "expected exactly one launcher pod, the JobSet yields {}",
         plans.iter().filter(|p| p.rjob == "launcher").count()
     );
-    let launcher_container = product::node_container(&plans[launcher_idx].pod_spec)?.clone();
+    let launcher_container = plans[launcher_idx].container()?.clone();
     let mut env = product::env_of(&launcher_container)?;
-    if env_kind == Env::UpstreamOnly {
+    if wiring == Wiring::UpstreamOnly {
         const UPSTREAM: [&str; 4] = [
             "OMPI_MCA_orte_default_hostfile",
             "OMPI_MCA_orte_keep_fqdn_hostnames",
@@ -204,6 +234,13 @@ fn scenario(
     let hostfile = String::from_utf8(product::data_bytes(hostfile_cm, "hostfile")?)?;
     let expected = parse_hostfile(l.implementation, &hostfile)?;
     ensure!(!expected.is_empty(), "the hostfile is empty");
+    if let Mode::JobSet(_) = mode {
+        let want = product::jobset_mode_hostfile(l, mode, &name, lan);
+        ensure!(
+            hostfile == want,
+            "JobSet mode's hostfile is\n{hostfile}\nexpected\n{want}"
+        );
+    }
 
     let mut cluster = Cluster::create(tag, plans, work.path(), mode.image())?;
     cluster.prepare(&products.rendered, l)?;
@@ -238,8 +275,7 @@ fn scenario(
         if i == launcher_idx {
             continue;
         }
-        let c = product::node_container(&cluster.pods[i].plan.pod_spec)?;
-        let argv = container_argv(c)?;
+        let argv = container_argv(cluster.pods[i].plan.container()?)?;
         cluster
             .start_daemon(i, &argv, &l.path_env(), "Server listening on")
             .with_context(|| format!("starting pod {}", cluster.pods[i].plan.hostname))?;
@@ -267,10 +303,37 @@ fn scenario(
             out.describe()
         )
     };
+    let ranks = parse_ranks(&out.stdout);
+    let workers_total = expected_pods
+        .keys()
+        .filter(|h| **h != launcher_host)
+        .count();
+    if wiring == Wiring::GroupReadableKey {
+        // Decision 18: as root, ssh refuses TrainJob mode's 0640 key; no worker is reached.
+        let on_workers = ranks.iter().filter(|r| r.host != launcher_host).count();
+        let refused = out.stdout.contains(UNPROTECTED_KEY) || out.stderr.contains(UNPROTECTED_KEY);
+        // It must give up by itself (a non-zero exit, not the test's deadline).
+        let code = out.status.and_then(|s| s.code()).filter(|c| *c != 0);
+        let (Some(code), true, 0) = (code, refused, on_workers) else {
+            return Err(fail(format!(
+                "negative control: expected {} to exit non-zero, ssh to report {UNPROTECTED_KEY:?} \
+                 and no rank on a worker; got exit {:?} (timed out: {}), reported: {refused}, \
+                 ranks on workers: {on_workers}",
+                l.label, out.status, out.timed_out
+            )));
+        };
+        return Ok(Outcome {
+            line: format!(
+                "{:<10} {version:<10} {:<38} id_rsa 0640 (TrainJob mode's) as root: exit {code}, \
+                 ssh: {UNPROTECTED_KEY}, workers reached 0/{workers_total} (Decision 18: 0600 is needed)",
+                l.label,
+                format!("{} runLauncherAsNode={lan}", mode.label()),
+            ),
+        });
+    }
     if !out.success() {
         return Err(fail(format!("{} did not succeed", l.label)));
     }
-    let ranks = parse_ranks(&out.stdout);
     // Where did each rank run? Its hostname must be a pod's, and its network namespace that pod's.
     let mut per_host: BTreeMap<String, u32> = BTreeMap::new();
     for r in &ranks {
@@ -310,31 +373,54 @@ fn scenario(
         })
         .collect::<Vec<_>>()
         .join(" ");
+    let settings = match mode {
+        Mode::JobSet(shape) => {
+            let mut set = Vec::new();
+            if let Some(c) = shape.container {
+                set.push(format!(
+                    "{}={c} after a sidecar",
+                    product::CONTAINER_ANNOTATION
+                ));
+            }
+            if let Some(n) = shape.slots_per_node {
+                set.push(format!("{}={n}", product::SLOTS_PER_NODE_ANNOTATION));
+            }
+            if set.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", set.join(", "))
+            }
+        }
+        Mode::TrainJob => String::new(),
+    };
+    let slots = mode.slots();
     let mode = format!("{} runLauncherAsNode={lan}", mode.label());
 
-    match env_kind {
-        Env::Product => {
+    match wiring {
+        Wiring::Product => {
             let want: BTreeMap<String, u32> = expected_pods
                 .iter()
                 .map(|(pod, (_, slots))| (pod.clone(), *slots))
                 .collect();
             let mut world: Vec<String> = (0..ranks.len()).map(|i| i.to_string()).collect();
             world.sort_unstable();
-            if per_host != want || rank_ids != world {
+            if per_host != want || rank_ids != world || want.values().any(|n| *n != slots) {
                 return Err(fail(format!(
-                    "ranks per host {per_host:?} (rank ids {rank_ids:?}), hostfile says {want:?}"
+                    "ranks per host {per_host:?} (rank ids {rank_ids:?}), hostfile says {want:?}, \
+                     {slots} per host expected"
                 )));
             }
             Ok(Outcome {
                 line: format!(
-                    "{:<10} {version:<10} {mode:<38} hosts reached {}/{} ranks per host: {placement}",
+                    "{:<10} {version:<10} {mode:<38} hosts reached {}/{} ranks per host: {placement}{settings}",
                     l.label,
                     per_host.len(),
                     want.len()
                 ),
             })
         }
-        Env::UpstreamOnly => {
+        Wiring::GroupReadableKey => unreachable!("returned above"),
+        Wiring::UpstreamOnly => {
             // The upstream bug: the job "succeeds" but every rank ran on the launcher.
             let workers: Vec<&String> = per_host.keys().filter(|h| **h != launcher_host).collect();
             if ranks.is_empty() || !workers.is_empty() {
@@ -345,16 +431,88 @@ fn scenario(
             Ok(Outcome {
                 line: format!(
                     "{:<10} {version:<10} {mode:<38} upstream env only (4 OMPI_MCA_orte_*/plm_rsh vars): \
-                     exit 0, workers reached 0/{} ranks per host: {placement} (kubeflow/trainer#4028 reproduced)",
+                     exit 0, workers reached 0/{workers_total} ranks per host: {placement} (kubeflow/trainer#4028 reproduced)",
                     l.label,
-                    expected_pods
-                        .keys()
-                        .filter(|h| **h != launcher_host)
-                        .count()
                 ),
             })
         }
     }
+}
+
+/// The items of every Secret volume of every pod template that project the private key, with
+/// their replicatedJob's name. (No `IndexMut`: it would add the keys it looks for.)
+fn private_key_items(jobset: &mut serde_json::Value) -> Vec<(String, &mut serde_json::Value)> {
+    let mut items = Vec::new();
+    let rjobs = jobset
+        .pointer_mut("/spec/replicatedJobs")
+        .and_then(serde_json::Value::as_array_mut);
+    for rj in rjobs.into_iter().flatten() {
+        let rname = rj["name"].as_str().unwrap_or("").to_string();
+        let volumes = rj
+            .pointer_mut("/template/spec/template/spec/volumes")
+            .and_then(serde_json::Value::as_array_mut);
+        for v in volumes.into_iter().flatten() {
+            let secret_items = v
+                .pointer_mut("/secret/items")
+                .and_then(serde_json::Value::as_array_mut);
+            for item in secret_items.into_iter().flatten() {
+                if item["key"] == "ssh-privatekey" {
+                    items.push((rname.clone(), item));
+                }
+            }
+        }
+    }
+    items
+}
+
+/// What JobSet mode must have done to the user's JobSet besides what running it shows: `id_rsa`
+/// projected with 0600 (Decision 18) in the launcher's and the workers' pods, the counts kept,
+/// and every container it does not wire (the sidecar) left exactly as the user wrote it.
+fn check_jobset_mode_patch(
+    before: &serde_json::Value,
+    after: &serde_json::Value,
+    mode: Mode,
+) -> Result<()> {
+    let mut after_keys = after.clone();
+    let modes: Vec<(String, Option<u64>)> = private_key_items(&mut after_keys)
+        .into_iter()
+        .map(|(rj, item)| (rj, item["mode"].as_u64()))
+        .collect();
+    let want: Vec<(String, Option<u64>)> = ["node", "launcher"]
+        .iter()
+        .map(|rj| (rj.to_string(), Some(0o600)))
+        .collect();
+    ensure!(
+        modes == want,
+        "id_rsa items (replicatedJob, mode) {modes:?}, JobSet mode projects {want:?}"
+    );
+    let rjobs = |js: &serde_json::Value| js["spec"]["replicatedJobs"].as_array().cloned();
+    let (Some(b), Some(a)) = (rjobs(before), rjobs(after)) else {
+        bail!("the JobSet lost its replicatedJobs");
+    };
+    ensure!(a.len() == b.len(), "the webhook changed the replicatedJobs");
+    for (b, a) in b.iter().zip(&a) {
+        let rname = b["name"].as_str().unwrap_or("");
+        ensure!(
+            a["replicas"] == b["replicas"]
+                && a["template"]["spec"]["parallelism"] == b["template"]["spec"]["parallelism"]
+                && a["template"]["spec"]["completions"] == b["template"]["spec"]["completions"],
+            "the webhook changed the counts of {rname}: JobSet mode never does"
+        );
+        let wired = mode.wired_container(rname);
+        let pod = |rj: &serde_json::Value| rj["template"]["spec"]["template"]["spec"].clone();
+        for c in pod(b)["containers"].as_array().into_iter().flatten() {
+            let cname = c["name"].as_str().unwrap_or("");
+            if cname == wired {
+                continue;
+            }
+            ensure!(
+                product::container(&pod(a), cname)? == c,
+                "the webhook changed container {cname} of {rname}, which it does not wire"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn container_argv(c: &serde_json::Value) -> Result<Vec<String>> {
@@ -437,6 +595,7 @@ fn mpi_launchers() {
     }
 
     let only = std::env::var("MPI_LAUNCHERS_ONLY").ok();
+    let spec_model = std::env::var("MPI_LAUNCHERS_PRODUCT").as_deref() == Ok("spec");
     let mut failures = Vec::new();
     let mut n = 0;
     for l in &runnable {
@@ -447,19 +606,54 @@ fn mpi_launchers() {
         }
         let version = l.version();
         let mode = Mode::TrainJob;
-        let mut cases = vec![(mode, false, Env::Product), (mode, true, Env::Product)];
+        let mut cases = vec![
+            (mode, false, Wiring::Product),
+            (mode, true, Wiring::Product),
+        ];
         if l.id == "ompi5" {
-            cases.push((mode, false, Env::UpstreamOnly));
-            cases.push((mode, true, Env::UpstreamOnly));
+            cases.push((mode, false, Wiring::UpstreamOnly));
+            cases.push((mode, true, Wiring::UpstreamOnly));
         }
-        for (mode, lan, env_kind) in cases {
+        if spec_model {
+            say(&format!(
+                "{}: JobSet mode skipped (the spec model covers TrainJob mode only)",
+                l.label
+            ));
+        } else {
+            // JobSet mode once per run-launcher-as-node setting. The annotated shape takes turns
+            // so that it runs with both settings and both hostfile syntaxes, Hydra's launcher line
+            // (Decision 17) included; the rest run on the defaults (1 slot). Every "pod" here
+            // sees the machine's cores, and Open MPI 5 binds each rank to a core by default: more
+            // slots than the CI machine's 2 cores would fail its binding check, not the wiring.
+            let annotated = JobSetShape {
+                container: Some("mpi"),
+                slots_per_node: Some(2),
+            };
+            let annotated_lan = matches!(l.id, "ompi4" | "mpich4" | "impi");
+            for lan in [false, true] {
+                let shape = if lan == annotated_lan {
+                    annotated
+                } else {
+                    JobSetShape::default()
+                };
+                cases.push((Mode::JobSet(shape), lan, Wiring::Product));
+            }
+            if l.id == "ompi4" {
+                cases.push((
+                    Mode::JobSet(JobSetShape::default()),
+                    false,
+                    Wiring::GroupReadableKey,
+                ));
+            }
+        }
+        for (mode, lan, wiring) in cases {
             n += 1;
             let tag = format!("{}{pid}s{n}", cluster::NS_PREFIX);
-            match scenario(l, &version, mode, lan, env_kind, &tag) {
+            match scenario(l, &version, mode, lan, wiring, &tag) {
                 Ok(o) => say(&o.line),
                 Err(e) => {
                     let head = format!(
-                        "{} {} runLauncherAsNode={lan} {env_kind:?}",
+                        "{} {} runLauncherAsNode={lan} {wiring:?}",
                         l.label,
                         mode.label()
                     );

@@ -1,5 +1,6 @@
-//! mpi-webhook's side of the test: the Kubeflow objects a user and Trainer's controller create,
-//! run through the product's own CLI (`render`, `review mutate`), exactly as a user runs them.
+//! mpi-webhook's side of the test: the objects a user (and, in TrainJob mode, Trainer's
+//! controller) create, run through the product's own CLI (`render`, `review mutate`), exactly as a
+//! user runs them.
 
 use std::path::Path;
 use std::process::Command;
@@ -19,15 +20,37 @@ pub const SLOTS: u32 = 2;
 /// The TrainJob's spec.trainer.numNodes (issue 7: numNodes 3).
 pub const NUM_NODES: u32 = 3;
 
-/// Which of mpi-webhook's modes a scenario runs, and so how its pods run. JobSet mode (issue 14,
-/// root launchers, `id_rsa` 0600) becomes a second variant with its own [`Image`].
+/// Which of mpi-webhook's modes a scenario runs, and so how its pods run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Mode {
     /// Next to Kubeflow Trainer: the runtime has the shape of Trainer's shipped MPI runtimes
     /// (`deepspeed-distributed`, `mlx-distributed`), which run launcher and workers as user 1000
     /// with `fsGroup: 1000` and mount the SSH Secret at `/home/mpiuser/.ssh`.
     TrainJob,
+    /// A plain JobSet labelled `mpi-webhook.io/implementation` (issue 14, Decision 18), its pods
+    /// running as root without `fsGroup`, the SSH Secret at the default `/root/.ssh`: the case
+    /// JobSet mode's `id_rsa` 0600 is for.
+    JobSet(JobSetShape),
 }
+
+/// The JobSet-mode settings a scenario sets beyond the label (and `run-launcher-as-node`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct JobSetShape {
+    /// `mpi-webhook.io/container`: the wired container's name in both pod templates, where it is
+    /// listed after a sidecar. `None`: no annotation, each template's first (only) container is
+    /// wired (`node` in the workers', `launcher` in the launcher's, as in the samples).
+    pub container: Option<&'static str>,
+    /// `mpi-webhook.io/slots-per-node`. `None`: no annotation, 1 (the pods ask for no GPUs).
+    pub slots_per_node: Option<u32>,
+}
+
+/// JobSet mode's label and annotations (interface.md "JobSet mode").
+pub const IMPLEMENTATION_LABEL: &str = "mpi-webhook.io/implementation";
+pub const RUN_LAUNCHER_AS_NODE_ANNOTATION: &str = "mpi-webhook.io/run-launcher-as-node";
+pub const CONTAINER_ANNOTATION: &str = "mpi-webhook.io/container";
+pub const SLOTS_PER_NODE_ANNOTATION: &str = "mpi-webhook.io/slots-per-node";
+/// The container listed before the wired one when [`JobSetShape::container`] is set.
+pub const SIDECAR: &str = "sidecar";
 
 /// The user a runtime image runs as (an entry of the image's /etc/passwd).
 #[derive(Clone, Copy, Debug)]
@@ -66,26 +89,68 @@ const TRAINER_RUNTIME_IMAGE: Image = Image {
     sshd_port: 2222,
 };
 
+/// A root image (mpi-operator's base images run sshd as root on port 22): no user to switch to,
+/// the image's sshd configuration in the usual place. JobSet mode's default `sshAuthMountPath`.
+const ROOT_IMAGE: Image = Image {
+    user: None,
+    ssh_auth_mount_path: "/root/.ssh",
+    sshd_config: "/etc/ssh/sshd_config",
+    sshd_port: 22,
+};
+
 impl Mode {
     pub fn image(self) -> Image {
         match self {
             Mode::TrainJob => TRAINER_RUNTIME_IMAGE,
+            Mode::JobSet(_) => ROOT_IMAGE,
         }
     }
 
     pub fn label(self) -> &'static str {
         match self {
             Mode::TrainJob => "TrainJob mode",
+            Mode::JobSet(_) => "JobSet mode",
+        }
+    }
+
+    /// The container the MPI wiring goes to in the pods of replicatedJob `rjob`, and that the
+    /// pod runs: Trainer's `node`; in JobSet mode the annotation's, else the one the test lists
+    /// first.
+    pub fn wired_container(self, rjob: &str) -> &'static str {
+        match self {
+            Mode::TrainJob => "node",
+            Mode::JobSet(JobSetShape {
+                container: Some(c), ..
+            }) => c,
+            Mode::JobSet(_) if rjob == "launcher" => "launcher",
+            Mode::JobSet(_) => "node",
+        }
+    }
+
+    /// Processes per host the hostfile must give: the runtime's numProcPerNode (TrainJob
+    /// mode), the annotation or else 1 (JobSet mode).
+    pub fn slots(self) -> u32 {
+        match self {
+            Mode::TrainJob => SLOTS,
+            Mode::JobSet(shape) => shape.slots_per_node.unwrap_or(1),
         }
     }
 }
 
 /// What the user and the cluster give mpi-webhook for one scenario.
 pub struct Inputs {
+    pub mode: Mode,
+    /// TrainJob mode only: the runtime and the TrainJob, which `render` and `review mutate` read
+    /// from the objects dir. JobSet mode needs neither.
+    pub trainer: Option<TrainerObjects>,
+    /// The JobSet before the mutating webhook: as Trainer's controller creates it (TrainJob mode),
+    /// as the user writes it (JobSet mode).
+    pub jobset: Value,
+}
+
+pub struct TrainerObjects {
     pub runtime: Value,
     pub trainjob: Value,
-    /// The JobSet as Trainer's controller creates it, before the mutating webhook.
-    pub jobset: Value,
 }
 
 /// What the product made of it.
@@ -103,6 +168,41 @@ pub fn inputs(
     run_launcher_as_node: bool,
     command: Vec<String>,
 ) -> Inputs {
+    match mode {
+        Mode::TrainJob => trainjob_inputs(l, name, run_launcher_as_node, command),
+        Mode::JobSet(shape) => jobset_mode_inputs(l, shape, name, run_launcher_as_node, command),
+    }
+}
+
+/// The user's env a root launcher of `l` needs: Open MPI refuses to run as root unless told
+/// (this is the user's env, not MPI wiring, and reaches the launcher like any other).
+fn root_env(l: &Launcher, image: Image) -> Vec<Value> {
+    if l.implementation == "OpenMPI" && image.user.is_none() {
+        vec![
+            json!({"name": "OMPI_ALLOW_RUN_AS_ROOT", "value": "1"}),
+            json!({"name": "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "value": "1"}),
+        ]
+    } else {
+        vec![]
+    }
+}
+
+/// A metadata.uid unique to this run and name (`render` sets it in the ownerReferences).
+fn uid_for(name: &str) -> String {
+    format!(
+        "0000{:04x}-6d70-4977-8000-{:012x}",
+        std::process::id() & 0xffff,
+        fnv(name)
+    )
+}
+
+fn trainjob_inputs(
+    l: &Launcher,
+    name: &str,
+    run_launcher_as_node: bool,
+    command: Vec<String>,
+) -> Inputs {
+    let mode = Mode::TrainJob;
     let image = mode.image();
     let runtime_name = format!("{name}-rt");
     let image_name = format!("mpiw.test/{}:latest", l.id);
@@ -154,21 +254,8 @@ pub fn inputs(
             }}
         }
     });
-    // Open MPI refuses to run as root unless told; a root launcher image or TrainJob sets these
-    // (they are the user's env, not MPI wiring, and reach the launcher like any trainer env).
-    let env: Vec<Value> = if l.implementation == "OpenMPI" && image.user.is_none() {
-        vec![
-            json!({"name": "OMPI_ALLOW_RUN_AS_ROOT", "value": "1"}),
-            json!({"name": "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "value": "1"}),
-        ]
-    } else {
-        vec![]
-    };
-    let uid = format!(
-        "0000{:04x}-6d70-4977-8000-{:012x}",
-        std::process::id() & 0xffff,
-        fnv(name)
-    );
+    let env = root_env(l, image);
+    let uid = uid_for(name);
     let trainjob = json!({
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -180,10 +267,128 @@ pub fn inputs(
     });
     let jobset = controller_jobset(&trainjob, &runtime);
     Inputs {
-        runtime,
-        trainjob,
+        mode,
+        trainer: Some(TrainerObjects { runtime, trainjob }),
         jobset,
     }
+}
+
+/// A JobSet-mode JobSet as a user writes it (the shape of `manifests/samples/jobset-pi-*.yaml`):
+/// `node` (3 workers, or 2 when the launcher runs as a node: 3 hosts either way, as in TrainJob
+/// mode) listed before `launcher`, which waits for them; the label, and only the annotations the
+/// scenario sets. The pods run as root.
+fn jobset_mode_inputs(
+    l: &Launcher,
+    shape: JobSetShape,
+    name: &str,
+    run_launcher_as_node: bool,
+    command: Vec<String>,
+) -> Inputs {
+    let mode = Mode::JobSet(shape);
+    let image = mode.image();
+    let image_name = format!("mpiw.test/{}:latest", l.id);
+    // Listed first when the annotation names the wired container; it must come out untouched.
+    let containers = |wired: Value| match shape.container {
+        Some(_) => json!([
+            {"name": SIDECAR, "image": "mpiw.test/sidecar:latest", "command": ["sleep", "infinity"]},
+            wired
+        ]),
+        None => json!([wired]),
+    };
+    let worker = json!({
+        "name": mode.wired_container("node"),
+        "image": image_name,
+        "command": ["/usr/sbin/sshd"],
+        "args": ["-De", "-f", image.sshd_config],
+        "readinessProbe": {"tcpSocket": {"port": image.sshd_port}, "initialDelaySeconds": 1},
+    });
+    let launcher = json!({
+        "name": mode.wired_container("launcher"),
+        "image": image_name,
+        "command": command,
+        "env": root_env(l, image),
+    });
+    let workers = if run_launcher_as_node {
+        NUM_NODES - 1
+    } else {
+        NUM_NODES
+    };
+    let mut annotations = serde_json::Map::new();
+    if run_launcher_as_node {
+        annotations.insert(RUN_LAUNCHER_AS_NODE_ANNOTATION.into(), json!("true"));
+    }
+    if let Some(c) = shape.container {
+        annotations.insert(CONTAINER_ANNOTATION.into(), json!(c));
+    }
+    if let Some(n) = shape.slots_per_node {
+        annotations.insert(SLOTS_PER_NODE_ANNOTATION.into(), json!(n.to_string()));
+    }
+    let jobset = json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {
+            "name": name,
+            "namespace": NAMESPACE,
+            "uid": uid_for(name),
+            "labels": {IMPLEMENTATION_LABEL: l.implementation},
+            "annotations": annotations,
+        },
+        "spec": {
+            "network": {"publishNotReadyAddresses": true},
+            "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
+            "replicatedJobs": [
+                {"name": "node", "template": {"spec": {
+                    "parallelism": workers,
+                    "completions": workers,
+                    "template": {"spec": {"restartPolicy": "OnFailure", "containers": containers(worker)}}
+                }}},
+                {"name": "launcher",
+                 "dependsOn": [{"name": "node", "status": "Ready"}],
+                 "template": {"spec": {
+                    "template": {"spec": {"restartPolicy": "OnFailure", "containers": containers(launcher)}}
+                 }}},
+            ]
+        }
+    });
+    Inputs {
+        mode,
+        trainer: None,
+        jobset,
+    }
+}
+
+/// The hostfile JobSet mode must produce for a JobSet of [`jobset_mode_inputs`]: every `node`
+/// pod as `<pod>.<subdomain>` (no subdomain set: the JobSet's name), then the launcher when it
+/// runs as a node, which Hydra (Intel, MPICH) lists by its bare pod host name (Decision 17); the
+/// implementation's line syntax (Decision 5) with the mode's slots.
+pub fn jobset_mode_hostfile(
+    l: &Launcher,
+    mode: Mode,
+    name: &str,
+    run_launcher_as_node: bool,
+) -> String {
+    let workers = if run_launcher_as_node {
+        NUM_NODES - 1
+    } else {
+        NUM_NODES
+    };
+    let mut hosts: Vec<String> = (0..workers)
+        .map(|p| format!("{name}-node-0-{p}.{name}"))
+        .collect();
+    if run_launcher_as_node {
+        hosts.push(match l.implementation {
+            "OpenMPI" => format!("{name}-launcher-0-0.{name}"),
+            _ => format!("{name}-launcher-0-0"),
+        });
+    }
+    let slots = mode.slots();
+    hosts
+        .iter()
+        .map(|h| match l.implementation {
+            "OpenMPI" => format!("{h} slots={slots}\n"),
+            _ => format!("{h}:{slots}\n"),
+        })
+        .collect()
 }
 
 fn fnv(s: &str) -> u64 {
@@ -249,14 +454,15 @@ fn webhook() -> Command {
 pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
     let objects = work.join("objects");
     std::fs::create_dir_all(&objects)?;
-    std::fs::write(
-        objects.join("runtime.json"),
-        serde_json::to_vec_pretty(&inputs.runtime)?,
-    )?;
-    std::fs::write(
-        objects.join("trainjob.json"),
-        serde_json::to_vec_pretty(&inputs.trainjob)?,
-    )?;
+    // What the user has in the cluster when the JobSet is created: the runtime and the TrainJob
+    // (TrainJob mode), or the JobSet itself (JobSet mode: `render` finds it there).
+    let files: Vec<(&str, &Value)> = match &inputs.trainer {
+        Some(t) => vec![("runtime.json", &t.runtime), ("trainjob.json", &t.trainjob)],
+        None => vec![("jobset.json", &inputs.jobset)],
+    };
+    for (file, obj) in files {
+        std::fs::write(objects.join(file), serde_json::to_vec_pretty(obj)?)?;
+    }
     if std::env::var("MPI_LAUNCHERS_PRODUCT").as_deref() == Ok("spec") {
         return crate::spec_model::run(inputs, work);
     }
@@ -283,7 +489,10 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
             "name": inputs.jobset["metadata"]["name"],
             "namespace": NAMESPACE,
             "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager"},
+            "userInfo": {"username": match inputs.mode {
+                Mode::TrainJob => "system:serviceaccount:kubeflow-system:kubeflow-trainer-controller-manager",
+                Mode::JobSet(_) => "mpiw-user",
+            }},
             "object": inputs.jobset,
             "oldObject": null,
             "dryRun": false,
@@ -292,15 +501,15 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
     });
     let review_file = work.join("review.json");
     std::fs::write(&review_file, serde_json::to_vec_pretty(&review)?)?;
-    let out = proc::run_ok(
-        webhook()
-            .args(["review", "mutate"])
-            .arg(&review_file)
-            .arg("--objects-dir")
-            .arg(&objects),
-        Duration::from_secs(60),
-    )
-    .context("mpi-webhook review mutate")?;
+    let mut mutate = webhook();
+    mutate.args(["review", "mutate"]).arg(&review_file);
+    if inputs.trainer.is_some() {
+        // TrainJob mode reads the policy from the TrainJob's runtime; JobSet mode from the
+        // JobSet alone, so a user runs it without objects.
+        mutate.arg("--objects-dir").arg(&objects);
+    }
+    let out =
+        proc::run_ok(&mut mutate, Duration::from_secs(60)).context("mpi-webhook review mutate")?;
     let resp: Value =
         serde_json::from_str(&out).with_context(|| format!("review output is not JSON:\n{out}"))?;
     let r = &resp["response"];
@@ -373,12 +582,12 @@ pub fn env_of(container: &Value) -> Result<Vec<(String, String)>> {
     Ok(env)
 }
 
-/// The container named `node` of a pod spec (the only one the MPI wiring touches).
-pub fn node_container(pod_spec: &Value) -> Result<&Value> {
+/// The container named `name` of a pod spec.
+pub fn container<'a>(pod_spec: &'a Value, name: &str) -> Result<&'a Value> {
     pod_spec["containers"]
         .as_array()
         .into_iter()
         .flatten()
-        .find(|c| c["name"] == "node")
-        .context("pod template has no container named node")
+        .find(|c| c["name"] == name)
+        .with_context(|| format!("pod template has no container named {name}"))
 }

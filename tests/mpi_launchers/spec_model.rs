@@ -30,10 +30,14 @@ fn upsert(list: &mut Value, key: &str, item: Value) {
 }
 
 pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
-    let tj = &inputs.trainjob;
+    let trainer = inputs
+        .trainer
+        .as_ref()
+        .context("the spec model covers TrainJob mode only")?;
+    let tj = &trainer.trainjob;
     let name = tj["metadata"]["name"].as_str().context("name")?;
     let ns = tj["metadata"]["namespace"].as_str().context("namespace")?;
-    let mpi = &inputs.runtime["spec"]["mlPolicy"]["mpi"];
+    let mpi = &trainer.runtime["spec"]["mlPolicy"]["mpi"];
     let slots = mpi["numProcPerNode"].as_u64().unwrap_or(1);
     let imp = mpi["mpiImplementation"].as_str().unwrap_or("OpenMPI");
     let lan = mpi["runLauncherAsNode"].as_bool().unwrap_or(false);
