@@ -12,9 +12,8 @@ use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::field_error::aggregate;
 use crate::mpi::hostfile::{HostfileTooLarge, hostfile_configmap};
 use crate::mpi::jobset_mode::{self, Mode};
-use crate::mpi::plan::{MpiPlan, PlanError};
+use crate::mpi::plan::MpiPlan;
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
-use crate::mpi::validate::unsupported_implementation_detail;
 use crate::objects::Snapshot;
 
 /// Rendering failed as a whole.
@@ -64,9 +63,10 @@ pub enum Problem {
         /// Its name.
         name: String,
     },
-    /// The runtime names an MPI implementation that is not supported (Decisions 4 and 7).
+    /// The runtime's MPI policy cannot be used: an implementation that is not supported
+    /// (Decisions 4 and 7), or the SSH Secret mounted where the hostfile is.
     #[error("{0}")]
-    UnsupportedImplementation(String),
+    UnusableRuntime(String),
     /// A JobSet-mode JobSet's label or annotations do not parse (the field errors, aggregated).
     #[error("{0}")]
     JobSetSettings(String),
@@ -106,9 +106,8 @@ pub fn hostfile_for(
     let plan = match MpiPlan::new(train_job, runtime) {
         Ok(Some(plan)) => plan,
         Ok(None) => return Ok(None),
-        Err(PlanError::UnsupportedImplementation(value)) => {
-            let detail = unsupported_implementation_detail(kind, runtime_name, &value);
-            return Err(Problem::UnsupportedImplementation(detail));
+        Err(problem) => {
+            return Err(Problem::UnusableRuntime(problem.detail(kind, runtime_name)));
         }
     };
     Ok(Some(hostfile_configmap(train_job, &plan)?))

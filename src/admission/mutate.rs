@@ -14,7 +14,6 @@ use crate::field_error::aggregate;
 use crate::mpi::enforce::{PatchJson, enforce_fresh, enforce_mpi_policy};
 use crate::mpi::jobset_mode::{self, Mode};
 use crate::mpi::plan::{MpiPlan, PlanError};
-use crate::mpi::validate::unsupported_implementation_detail;
 use crate::objects::ObjectSource;
 use crate::objects::dir::from_value;
 
@@ -156,10 +155,10 @@ async fn plan<S: ObjectSource>(
             )));
         }
     };
-    MpiPlan::new(&train_job, &runtime).map_err(|e| match e {
-        PlanError::UnsupportedImplementation(value) => Verdict::deny(format!(
+    MpiPlan::new(&train_job, &runtime).map_err(|problem: PlanError| {
+        Verdict::deny(format!(
             "{train_job_ref}: {}",
-            unsupported_implementation_detail(kind, runtime_name, &value)
-        )),
+            problem.detail(kind, runtime_name)
+        ))
     })
 }

@@ -140,8 +140,7 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
     });
     let ssh_auth_mount_path = match annotation(metadata, SSH_AUTH_MOUNT_PATH_ANNOTATION) {
         None => DEFAULT_SSH_AUTH_MOUNT_PATH,
-        Some(path) if path.starts_with('/') => path,
-        Some(path) => {
+        Some(path) if !path.starts_with('/') => {
             errors.push(FieldError::invalid(
                 annotation_field(SSH_AUTH_MOUNT_PATH_ANNOTATION),
                 BadValue::Str(path.to_string()),
@@ -149,6 +148,15 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
             ));
             path
         }
+        Some(path) if super::mounts_over_hostfile(path) => {
+            errors.push(FieldError::invalid(
+                annotation_field(SSH_AUTH_MOUNT_PATH_ANNOTATION),
+                BadValue::Str(path.to_string()),
+                super::SSH_MOUNT_ON_HOSTFILE_DETAIL,
+            ));
+            path
+        }
+        Some(path) => path,
     };
     let run_launcher_as_node = match annotation(metadata, RUN_LAUNCHER_AS_NODE_ANNOTATION) {
         None | Some("false") => false,

@@ -84,6 +84,16 @@ pub const HOSTFILE_NAME: &str = "hostfile";
 pub const HOSTFILE_PATH: &str = "/etc/mpi/hostfile";
 /// Mode of the hostfile item: 0o444.
 pub const HOSTFILE_MODE: i32 = 0o444;
+/// Why the SSH Secret cannot be mounted at a path: the hostfile's directory, where the two mounts,
+/// upserted by mountPath, would replace each other (found by the `mutation` fuzz target).
+pub const SSH_MOUNT_ON_HOSTFILE_DETAIL: &str =
+    "must not be /etc/mpi, where the hostfile is mounted";
+
+/// Whether mounting the SSH Secret at `path` would take the hostfile's mount path.
+pub fn mounts_over_hostfile(path: &str) -> bool {
+    path.trim_end_matches('/') == HOSTFILE_DIR
+}
+
 /// Largest hostfile that fits a ConfigMap (1 MiB of data, `api.MaxSecretSize`).
 pub const HOSTFILE_MAX_BYTES: u64 = 1024 * 1024;
 

@@ -17,6 +17,27 @@ pub enum PlanError {
     /// `mpiImplementation` is not in the implementation table (Decisions 4 and 7).
     #[error("unsupported mpiImplementation {0:?}")]
     UnsupportedImplementation(String),
+    /// `sshAuthMountPath` is the hostfile's mount path, so the two mounts would replace each other
+    /// on every pass and the pods would get only one of them.
+    #[error("sshAuthMountPath {0:?} is where the hostfile is mounted")]
+    SshAuthMountOnHostfile(String),
+}
+
+impl PlanError {
+    /// What is wrong with runtime `name` of `kind`, for denials and Events (Decision 4's form:
+    /// the runtime and the value named).
+    pub fn detail(&self, kind: crate::api::RuntimeKind, name: &str) -> String {
+        match self {
+            PlanError::UnsupportedImplementation(value) => {
+                super::validate::unsupported_implementation_detail(kind, name, value)
+            }
+            PlanError::SshAuthMountOnHostfile(path) => format!(
+                "{} {name:?} has spec.mlPolicy.mpi.sshAuthMountPath {path:?}: {}",
+                kind.as_str(),
+                super::SSH_MOUNT_ON_HOSTFILE_DETAIL
+            ),
+        }
+    }
 }
 
 /// One replicated job of the runtime, with the counts the TrainJob gives it.
@@ -100,6 +121,11 @@ impl MpiPlan {
         let implementation = implementation::lookup(mpi.mpi_implementation()).ok_or_else(|| {
             PlanError::UnsupportedImplementation(mpi.mpi_implementation().to_string())
         })?;
+        if super::mounts_over_hostfile(mpi.ssh_auth_mount_path()) {
+            return Err(PlanError::SshAuthMountOnHostfile(
+                mpi.ssh_auth_mount_path().to_string(),
+            ));
+        }
         let trainer = train_job.spec.trainer.as_ref();
         let num_nodes = trainer.and_then(|t| t.num_nodes).map(i64::from);
         let run_launcher_as_node = mpi.run_launcher_as_node();

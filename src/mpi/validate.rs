@@ -7,7 +7,7 @@ use crate::raw_json::RawJson;
 
 use super::hostfile::check_hostfile_size;
 use super::implementation::{self, Implementation};
-use super::plan::{MpiPlan, PlanError};
+use super::plan::MpiPlan;
 use super::{ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE};
 
 const RUN_LAUNCHER_AS_NODE_DETAIL: &str = "must have 1 when MPI trainingRuntime with enabled runLauncherAsNode does not have either launcher and node";
@@ -79,11 +79,11 @@ pub fn validate_train_job(
 
     let plan = match MpiPlan::new(train_job, runtime) {
         Ok(plan) => plan,
-        Err(PlanError::UnsupportedImplementation(value)) => {
+        Err(problem) => {
             errors.push(FieldError::invalid(
                 "spec.runtimeRef",
                 BadValue::Json(raw.at("/spec/runtimeRef")),
-                unsupported_implementation_detail(kind, runtime.name(), &value),
+                problem.detail(kind, runtime.name()),
             ));
             return errors;
         }
@@ -188,6 +188,13 @@ pub fn validate_runtime(
                 "spec.mlPolicy.mpi.numProcPerNode",
                 BadValue::Int(i64::from(mpi.num_proc_per_node())),
                 "NumProcPerNode in mpiPolicy must be >= 1",
+            ));
+        }
+        if super::mounts_over_hostfile(mpi.ssh_auth_mount_path()) {
+            errors.push(FieldError::invalid(
+                "spec.mlPolicy.mpi.sshAuthMountPath",
+                BadValue::Str(mpi.ssh_auth_mount_path().to_string()),
+                super::SSH_MOUNT_ON_HOSTFILE_DETAIL,
             ));
         }
         if implementation::lookup(mpi.mpi_implementation()).is_none() {

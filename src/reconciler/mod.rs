@@ -121,7 +121,7 @@ impl Error {
             self,
             Error::Policy(
                 Problem::UnsupportedRuntime(_)
-                    | Problem::UnsupportedImplementation(_)
+                    | Problem::UnusableRuntime(_)
                     | Problem::HostfileTooLarge(_)
             ) | Error::HostfileConflict(_)
         )

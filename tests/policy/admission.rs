@@ -451,6 +451,32 @@ async fn jobset_of_an_unsupported_implementation_is_denied() {
     );
 }
 
+/// A runtime admitted before the rule (or by another webhook) that mounts the SSH Secret where the
+/// hostfile is: its JobSets are denied, naming the runtime, instead of patched with one mount
+/// replacing the other.
+#[tokio::test]
+async fn jobset_of_a_runtime_mounting_ssh_on_the_hostfile_is_denied() {
+    let rt = runtime(
+        json!({"sshAuthMountPath": "/etc/mpi/"}),
+        vec![rjob("launcher", false, &["node"])],
+    );
+    let tj = train_job(json!({}));
+    let objects = snapshot(
+        &[(RuntimeKind::TrainingRuntime, rt.clone())],
+        std::slice::from_ref(&tj),
+    );
+    let response = respond(
+        Route::MutateJobSet,
+        &admission_review(JOBSET, "CREATE", jobset(&rt, &tj)),
+        &objects,
+    )
+    .await;
+    assert_eq!(
+        response["response"]["status"]["message"],
+        r#"TrainJob "default/trainjob": TrainingRuntime "test-runtime" has spec.mlPolicy.mpi.sshAuthMountPath "/etc/mpi/": must not be /etc/mpi, where the hostfile is mounted"#
+    );
+}
+
 #[tokio::test]
 async fn delete_and_jobset_update_are_allowed_untouched() {
     let body = admission_review(TRAINJOB, "DELETE", json!({"metadata": {"name": "x"}}));

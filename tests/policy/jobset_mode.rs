@@ -376,6 +376,16 @@ async fn annotations_that_do_not_parse_are_denied_each_naming_itself() {
             json!({"mpi-webhook.io/ssh-auth-mount-path": ".ssh"}),
             r#"metadata.annotations[mpi-webhook.io/ssh-auth-mount-path]: Invalid value: ".ssh": must be an absolute path"#,
         ),
+        // Found by the `mutation` fuzz target: both mounts are upserted by mountPath, so each
+        // pass replaced the other and a second pass was never empty.
+        (
+            json!({"mpi-webhook.io/ssh-auth-mount-path": "/etc/mpi"}),
+            r#"metadata.annotations[mpi-webhook.io/ssh-auth-mount-path]: Invalid value: "/etc/mpi": must not be /etc/mpi, where the hostfile is mounted"#,
+        ),
+        (
+            json!({"mpi-webhook.io/ssh-auth-mount-path": "/etc/mpi/"}),
+            r#"metadata.annotations[mpi-webhook.io/ssh-auth-mount-path]: Invalid value: "/etc/mpi/": must not be /etc/mpi, where the hostfile is mounted"#,
+        ),
         (
             json!({"mpi-webhook.io/run-launcher-as-node": "yes"}),
             r#"metadata.annotations[mpi-webhook.io/run-launcher-as-node]: Unsupported value: "yes": supported values: "true", "false""#,

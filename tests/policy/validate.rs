@@ -273,6 +273,22 @@ fn decision_10_crd_rules_as_webhook_messages() {
     );
 }
 
+/// Found by the `mutation` fuzz target: the SSH Secret mounted where the hostfile is would have
+/// the two mounts (upserted by mountPath) replace each other on every pass.
+#[test]
+fn ssh_auth_mount_path_on_the_hostfile_is_denied() {
+    let rt = runtime(
+        json!({"sshAuthMountPath": "/etc/mpi"}),
+        vec![rjob("node", true, &["node"])],
+    );
+    assert_eq!(
+        check_runtime(&rt, RuntimeKind::ClusterTrainingRuntime, false).as_deref(),
+        Some(
+            r#"spec.mlPolicy.mpi.sshAuthMountPath: Invalid value: "/etc/mpi": must not be /etc/mpi, where the hostfile is mounted"#
+        )
+    );
+}
+
 #[test]
 fn runtime_ancestor_rules() {
     let mut launcher = rjob("launcher", true, &["launcher"]);
