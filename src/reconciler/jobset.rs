@@ -8,16 +8,13 @@
 use std::sync::Arc;
 
 use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::ObjectRef;
 
 use crate::api::JobSet;
 use crate::mpi::Owner;
 use crate::render::jobset_hostfile;
 
-use super::{
-    Context, Error, RETRY_MAX, Retries, Written, apply_configmap, ensure_secret, written_note,
-};
+use super::{Context, Error, RETRY_MAX, Retries, Written, apply_configmap, ensure_secret, report};
 
 /// Reason of the Warning Event on a JobSet whose objects could not be built or written.
 const FAILED_REASON: &str = "MPIResourcesCreationFailed";
@@ -54,30 +51,13 @@ pub async fn reconcile_jobset(
         // Garbage collection deletes the owned objects.
         return Ok(Action::await_change());
     }
-    match reconcile_children(&jobset, ctx).await {
-        Ok(written) => {
-            jobsets
-                .retries
-                .forget(&ObjectRef::from_obj(jobset.as_ref()));
-            if let Some(note) = written_note(jobset.name(), written) {
-                ctx.publish(jobset.as_ref(), EventType::Normal, "Created", note)
-                    .await;
-            }
-            Ok(Action::await_change())
-        }
-        Err(Error::NotLeader) => Ok(Action::await_change()),
-        Err(error) => {
-            let note = error.to_string();
-            ctx.publish(
-                jobset.as_ref(),
-                EventType::Warning,
-                error.event_reason(FAILED_REASON),
-                note,
-            )
-            .await;
-            Err(error)
-        }
+    let result = reconcile_children(&jobset, ctx).await;
+    if result.is_ok() {
+        jobsets
+            .retries
+            .forget(&ObjectRef::from_obj(jobset.as_ref()));
     }
+    report(ctx, jobset.as_ref(), jobset.name(), result, FAILED_REASON).await
 }
 
 /// Logs and counts the failure, then requeues: quickly at first, doubling up to 5 minutes; a

@@ -388,25 +388,42 @@ pub async fn reconcile(train_job: Arc<TrainJob>, ctx: Arc<Context>) -> Result<Ac
         // Garbage collection deletes the owned objects.
         return Ok(Action::await_change());
     }
-    match reconcile_children(&train_job, &ctx).await {
+    let result = reconcile_children(&train_job, &ctx).await;
+    if result.is_ok() {
+        ctx.retries.forget(&ObjectRef::from_obj(train_job.as_ref()));
+    }
+    report(
+        &ctx,
+        train_job.as_ref(),
+        train_job.name(),
+        result,
+        FAILED_REASON,
+    )
+    .await
+}
+
+/// The outcome of one owner's reconcile as Events and the controller's answer: a Normal Event
+/// `Created` for what was written; a Warning Event for a failure, with `failed` (the owner
+/// kind's reason) or `HostfileConflict`; nothing when this replica is no longer the leader.
+async fn report<K: Resource<DynamicType = ()>>(
+    ctx: &Context,
+    owner: &K,
+    name: &str,
+    result: Result<Written, Error>,
+    failed: &'static str,
+) -> Result<Action, Error> {
+    match result {
         Ok(written) => {
-            ctx.retries.forget(&ObjectRef::from_obj(train_job.as_ref()));
-            if let Some(note) = written_note(train_job.name(), written) {
-                ctx.publish(train_job.as_ref(), EventType::Normal, "Created", note)
-                    .await;
+            if let Some(note) = written_note(name, written) {
+                ctx.publish(owner, EventType::Normal, "Created", note).await;
             }
             Ok(Action::await_change())
         }
         Err(Error::NotLeader) => Ok(Action::await_change()),
         Err(error) => {
             let note = error.to_string();
-            ctx.publish(
-                train_job.as_ref(),
-                EventType::Warning,
-                error.event_reason(FAILED_REASON),
-                note,
-            )
-            .await;
+            ctx.publish(owner, EventType::Warning, error.event_reason(failed), note)
+                .await;
             Err(error)
         }
     }
