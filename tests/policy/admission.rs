@@ -428,12 +428,9 @@ async fn jobset_of_a_missing_or_different_trainjob_is_denied() {
     );
 }
 
-#[tokio::test]
-async fn jobset_of_an_unsupported_implementation_is_denied() {
-    let rt = runtime(
-        json!({"mpiImplementation": ""}),
-        vec![rjob("launcher", false, &["node"])],
-    );
+/// The denial of the JobSet of a TrainJob whose runtime has the MPI policy `mpi`.
+async fn denial_for_runtime_mpi(mpi: Value) -> Value {
+    let rt = runtime(mpi, vec![rjob("launcher", false, &["node"])]);
     let tj = train_job(json!({}));
     let objects = snapshot(
         &[(RuntimeKind::TrainingRuntime, rt.clone())],
@@ -445,8 +442,13 @@ async fn jobset_of_an_unsupported_implementation_is_denied() {
         &objects,
     )
     .await;
+    response["response"]["status"]["message"].clone()
+}
+
+#[tokio::test]
+async fn jobset_of_an_unsupported_implementation_is_denied() {
     assert_eq!(
-        response["response"]["status"]["message"],
+        denial_for_runtime_mpi(json!({"mpiImplementation": ""})).await,
         r#"TrainJob "default/trainjob": TrainingRuntime "test-runtime" has an unsupported spec.mlPolicy.mpi.mpiImplementation "": supported values: "OpenMPI", "Intel", "MPICH""#
     );
 }
@@ -456,23 +458,8 @@ async fn jobset_of_an_unsupported_implementation_is_denied() {
 /// replacing the other.
 #[tokio::test]
 async fn jobset_of_a_runtime_mounting_ssh_on_the_hostfile_is_denied() {
-    let rt = runtime(
-        json!({"sshAuthMountPath": "/etc/mpi/"}),
-        vec![rjob("launcher", false, &["node"])],
-    );
-    let tj = train_job(json!({}));
-    let objects = snapshot(
-        &[(RuntimeKind::TrainingRuntime, rt.clone())],
-        std::slice::from_ref(&tj),
-    );
-    let response = respond(
-        Route::MutateJobSet,
-        &admission_review(JOBSET, "CREATE", jobset(&rt, &tj)),
-        &objects,
-    )
-    .await;
     assert_eq!(
-        response["response"]["status"]["message"],
+        denial_for_runtime_mpi(json!({"sshAuthMountPath": "/etc/mpi/"})).await,
         r#"TrainJob "default/trainjob": TrainingRuntime "test-runtime" has spec.mlPolicy.mpi.sshAuthMountPath "/etc/mpi/": must not be /etc/mpi, where the hostfile is mounted"#
     );
 }
