@@ -54,6 +54,8 @@ use tokio::net::TcpStream;
 mod fake_apiserver;
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "../tests/support/prometheus.rs"]
+mod prometheus;
 
 use fake_apiserver::{
     CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, Kind, SECRETS, Stats, TRAINJOBS, str_at,
@@ -324,17 +326,6 @@ async fn scrape(addr: SocketAddr) -> Result<String, AnyError> {
         .map_err(|_| "/metrics timed out")?
 }
 
-/// The sum of every sample of `name` (with or without labels).
-fn metric(text: &str, name: &str) -> u64 {
-    text.lines()
-        .filter(|l| {
-            l.strip_prefix(name)
-                .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 /// Finished reconciles (`reconciles_total` counts started ones; the duration histogram's count
 /// only those that returned).
 const FINISHED: &str = "mpi_webhook_reconcile_duration_seconds_count";
@@ -343,7 +334,7 @@ const FINISHED: &str = "mpi_webhook_reconcile_duration_seconds_count";
 async fn reconciles(reconciler: &Reconciler) -> u64 {
     scrape(reconciler.metrics)
         .await
-        .map_or(0, |m| metric(&m, FINISHED))
+        .map_or(0, |m| prometheus::sum(&m, FINISHED))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -512,8 +503,8 @@ async fn finish_phase(
         done,
         first: None,
         settled,
-        reconciles: metric(&metrics, FINISHED) - base.0,
-        errors: metric(&metrics, "mpi_webhook_reconcile_errors_total") - base.1,
+        reconciles: prometheus::sum(&metrics, FINISHED) - base.0,
+        errors: prometheus::sum(&metrics, "mpi_webhook_reconcile_errors_total") - base.1,
         requests: api.stats().since(before),
         usage: None,
     })

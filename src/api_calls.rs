@@ -28,63 +28,30 @@ pub const SERVE: &str = "serve";
 /// The `reconcile` subcommand: the reconciler sidecar.
 pub const RECONCILE: &str = "reconcile";
 
-const READ: &[&str] = &["get", "list", "watch"];
+/// A watch-backed read (get, list, watch) from any namespace: what every object cache needs.
+const fn read(component: &'static str, group: &'static str, resource: &'static str) -> ApiCall {
+    ApiCall {
+        component,
+        group,
+        resource,
+        verbs: &["get", "list", "watch"],
+        namespaced_to_own_namespace: false,
+    }
+}
 
 /// Every Kubernetes API call the code makes.
 pub const API_CALLS: &[ApiCall] = &[
     // serve: watch-backed caches of TrainJobs and runtimes, GET on a cache miss.
-    ApiCall {
-        component: SERVE,
-        group: "trainer.kubeflow.org",
-        resource: "trainjobs",
-        verbs: READ,
-        namespaced_to_own_namespace: false,
-    },
-    ApiCall {
-        component: SERVE,
-        group: "trainer.kubeflow.org",
-        resource: "trainingruntimes",
-        verbs: READ,
-        namespaced_to_own_namespace: false,
-    },
-    ApiCall {
-        component: SERVE,
-        group: "trainer.kubeflow.org",
-        resource: "clustertrainingruntimes",
-        verbs: READ,
-        namespaced_to_own_namespace: false,
-    },
+    read(SERVE, "trainer.kubeflow.org", "trainjobs"),
+    read(SERVE, "trainer.kubeflow.org", "trainingruntimes"),
+    read(SERVE, "trainer.kubeflow.org", "clustertrainingruntimes"),
     // reconcile: the controller's primary watch and the runtime lookups.
-    ApiCall {
-        component: RECONCILE,
-        group: "trainer.kubeflow.org",
-        resource: "trainjobs",
-        verbs: READ,
-        namespaced_to_own_namespace: false,
-    },
-    ApiCall {
-        component: RECONCILE,
-        group: "trainer.kubeflow.org",
-        resource: "trainingruntimes",
-        verbs: READ,
-        namespaced_to_own_namespace: false,
-    },
-    ApiCall {
-        component: RECONCILE,
-        group: "trainer.kubeflow.org",
-        resource: "clustertrainingruntimes",
-        verbs: READ,
-        namespaced_to_own_namespace: false,
-    },
+    read(RECONCILE, "trainer.kubeflow.org", "trainjobs"),
+    read(RECONCILE, "trainer.kubeflow.org", "trainingruntimes"),
+    read(RECONCILE, "trainer.kubeflow.org", "clustertrainingruntimes"),
     // reconcile, JobSet mode: the controller's watch of JobSets labelled
     // mpi-webhook.io/implementation (label-selected list/watch; GET by the controller).
-    ApiCall {
-        component: RECONCILE,
-        group: "jobset.x-k8s.io",
-        resource: "jobsets",
-        verbs: READ,
-        namespaced_to_own_namespace: false,
-    },
+    read(RECONCILE, "jobset.x-k8s.io", "jobsets"),
     // The Secret and ConfigMap are owned by the JobSet with blockOwnerDeletion, which the
     // OwnerReferencesPermissionEnforcement admission plugin allows only to who may update the
     // owner's finalizers. No request goes to this subresource.

@@ -9,6 +9,8 @@
 mod fake_apiserver;
 #[path = "fake_apiserver/tests.rs"]
 mod fake_apiserver_tests;
+#[path = "support/prometheus.rs"]
+mod prometheus;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -68,6 +70,30 @@ fn trainers_configmap(hostfile: &str) -> Value {
            "data": {"hostfile": hostfile}})
 }
 
+/// Trainer's controller applying its hostfile ConfigMap with `hostfile` (with force, as it
+/// does); the stored object.
+fn trainer_applies_hostfile(api: &FakeApi, hostfile: &str) -> Arc<Value> {
+    let (stored, _) = api
+        .apply(
+            CONFIGMAPS,
+            configmap_key(),
+            trainers_configmap(hostfile),
+            "trainer",
+            true,
+        )
+        .expect("Trainer applies its ConfigMap");
+    stored
+}
+
+/// How many ConfigMap applies the fake served: in all, and with force.
+fn configmap_applies(api: &FakeApi) -> (u64, u64) {
+    let stats = api.stats();
+    (
+        stats.count("apply", "configmaps"),
+        stats.count("apply-force", "configmaps"),
+    )
+}
+
 /// The SSH Secret as Trainer's controller applies it (D.1: no labels).
 fn trainers_secret() -> Value {
     json!({"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/ssh-auth",
@@ -83,14 +109,6 @@ fn configmap_key() -> Key {
 
 fn secret_key() -> Key {
     ("team".into(), "pi-mpi-ssh-auth".into())
-}
-
-fn shipped_rbac() -> Authorizer {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base/rbac.yaml");
-    let text = std::fs::read_to_string(path).expect("rbac.yaml");
-    let objects =
-        mpi_webhook::objects::dir::parse_documents(&text, false).expect("rbac.yaml parses");
-    Authorizer::from_rbac(&objects)
 }
 
 /// A fake cluster with the runtime and the TrainJob, served on 127.0.0.1.
@@ -183,13 +201,7 @@ impl Reconciler {
         let Ok(text) = scrape(self.metrics).await else {
             return 0;
         };
-        text.lines()
-            .filter(|l| {
-                l.strip_prefix(name)
-                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
+        prometheus::sum(&text, name)
     }
 
     /// Waits until more than `after` reconciles have finished; returns how many have.
@@ -280,16 +292,9 @@ fn ours_applied(api: &FakeApi) -> bool {
 
 #[tokio::test]
 async fn trainer_first_with_the_same_text_means_no_fight_and_a_stable_resource_version() {
-    let cluster = cluster(shipped_rbac()).await;
+    let cluster = cluster(Authorizer::shipped()).await;
     let api = &cluster.api;
-    api.apply(
-        CONFIGMAPS,
-        configmap_key(),
-        trainers_configmap(HOSTFILE),
-        "trainer",
-        true,
-    )
-    .expect("Trainer applies first");
+    trainer_applies_hostfile(api, HOSTFILE);
     let mut reconciler = Reconciler::start(&cluster);
     reconciler
         .wait_for("our apply next to Trainer's", || {
@@ -301,45 +306,23 @@ async fn trainer_first_with_the_same_text_means_no_fight_and_a_stable_resource_v
     assert_eq!(settled["data"], json!({"hostfile": HOSTFILE}));
     for round in 0..3 {
         // Trainer re-applies on its every reconcile: nothing changes.
-        let (again, _) = api
-            .apply(
-                CONFIGMAPS,
-                configmap_key(),
-                trainers_configmap(HOSTFILE),
-                "trainer",
-                true,
-            )
-            .expect("Trainer again");
+        let again = trainer_applies_hostfile(api, HOSTFILE);
         assert_eq!(rv(&again), rv(&settled), "round {round}");
         resync(api, &mut reconciler, round).await;
     }
     let last = api.get(CONFIGMAPS, &configmap_key()).expect("ConfigMap");
     assert_eq!(rv(&last), rv(&settled));
+    assert_eq!(configmap_applies(api), (1, 0));
     let stats = api.stats();
-    assert_eq!(
-        (
-            stats.count("apply", "configmaps"),
-            stats.count("apply-force", "configmaps")
-        ),
-        (1, 0)
-    );
     assert!(events(api, "HostfileConflict").is_empty());
     assert_eq!(stats.unexpected, Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn trainer_first_with_other_text_keeps_trainers_and_one_warning_event() {
-    let cluster = cluster(shipped_rbac()).await;
+    let cluster = cluster(Authorizer::shipped()).await;
     let api = &cluster.api;
-    let (seeded, _) = api
-        .apply(
-            CONFIGMAPS,
-            configmap_key(),
-            trainers_configmap(TRAINERS_OTHER_HOSTFILE),
-            "trainer",
-            true,
-        )
-        .expect("Trainer applies first");
+    let seeded = trainer_applies_hostfile(api, TRAINERS_OTHER_HOSTFILE);
     let mut reconciler = Reconciler::start(&cluster);
     reconciler
         .wait_for("a HostfileConflict Event", || {
@@ -347,15 +330,7 @@ async fn trainer_first_with_other_text_keeps_trainers_and_one_warning_event() {
         })
         .await;
     for round in 0..2 {
-        let (again, _) = api
-            .apply(
-                CONFIGMAPS,
-                configmap_key(),
-                trainers_configmap(TRAINERS_OTHER_HOSTFILE),
-                "trainer",
-                true,
-            )
-            .expect("Trainer again");
+        let again = trainer_applies_hostfile(api, TRAINERS_OTHER_HOSTFILE);
         assert_eq!(rv(&again), rv(&seeded), "round {round}");
         resync(api, &mut reconciler, round).await;
     }
@@ -394,7 +369,7 @@ async fn trainer_first_with_other_text_keeps_trainers_and_one_warning_event() {
 
 #[tokio::test]
 async fn a_secret_trainer_made_first_is_used_as_is() {
-    let cluster = cluster(shipped_rbac()).await;
+    let cluster = cluster(Authorizer::shipped()).await;
     let api = &cluster.api;
     let (secret, _) = api
         .apply(SECRETS, secret_key(), trainers_secret(), "trainer", true)
@@ -416,7 +391,7 @@ async fn a_secret_trainer_made_first_is_used_as_is() {
 
 #[tokio::test]
 async fn a_kubectl_edit_is_repaired_with_force() {
-    let cluster = cluster(shipped_rbac()).await;
+    let cluster = cluster(Authorizer::shipped()).await;
     let api = &cluster.api;
     let mut reconciler = Reconciler::start(&cluster);
     reconciler
@@ -437,21 +412,15 @@ async fn a_kubectl_edit_is_repaired_with_force() {
         .await;
     let repaired = api.get(CONFIGMAPS, &configmap_key()).expect("ConfigMap");
     assert_eq!(managers(&repaired), ["mpi-webhook"]);
+    assert_eq!(configmap_applies(api), (2, 1));
     let stats = api.stats();
-    assert_eq!(
-        (
-            stats.count("apply", "configmaps"),
-            stats.count("apply-force", "configmaps")
-        ),
-        (2, 1)
-    );
     assert!(events(api, "HostfileConflict").is_empty());
     assert_eq!(stats.unexpected, Vec::<String>::new());
 }
 
 #[tokio::test]
 async fn owner_references_permission_enforcement_passes_with_the_shipped_rbac() {
-    let cluster = cluster(shipped_rbac()).await;
+    let cluster = cluster(Authorizer::shipped()).await;
     let api = &cluster.api;
     let mut reconciler = Reconciler::start(&cluster);
     reconciler
@@ -468,7 +437,7 @@ async fn owner_references_permission_enforcement_passes_with_the_shipped_rbac() 
 
 #[tokio::test]
 async fn without_the_finalizers_grant_the_plugin_refuses_every_object() {
-    let rbac = shipped_rbac().without(|g| g.resource == "trainjobs/finalizers");
+    let rbac = Authorizer::shipped().without(|g| g.resource == "trainjobs/finalizers");
     let cluster = cluster(rbac).await;
     let api = &cluster.api;
     let mut reconciler = Reconciler::start(&cluster);
@@ -495,7 +464,7 @@ async fn without_the_finalizers_grant_the_plugin_refuses_every_object() {
 /// OwnerReferencesPermissionEnforcement on, gets its Secret and hostfile owned by the JobSet.
 #[tokio::test]
 async fn a_jobset_mode_jobset_gets_its_objects_owned_by_the_jobset() {
-    let cluster = cluster(shipped_rbac()).await;
+    let cluster = cluster(Authorizer::shipped()).await;
     let api = &cluster.api;
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),

@@ -24,23 +24,6 @@ pub struct JobSet {
     pub spec: JobSetSpec,
 }
 
-impl JobSet {
-    /// `metadata.name`, empty when absent.
-    pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-
-    /// `metadata.namespace`, empty when absent.
-    pub fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or_default()
-    }
-
-    /// `metadata.uid`, empty when absent.
-    pub fn uid(&self) -> &str {
-        self.metadata.uid.as_deref().unwrap_or_default()
-    }
-}
-
 /// `spec.template` of a runtime: a JobSet template.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]

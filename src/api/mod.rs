@@ -12,7 +12,31 @@ pub mod trainjob;
 
 pub use jobset::{Container, JOBSET_API_VERSION, JobSet, JobSetSpec, ReplicatedJob};
 pub use runtime::{MlPolicy, MpiPolicySource, RuntimeKind, TrainingRuntime};
-pub use trainjob::{RuntimeRef, TrainJob, Trainer};
+pub use trainjob::{RuntimeRef, TrainJob, Trainer, UnsupportedRuntime};
+
+/// `name()`, `namespace()` and `uid()` of the views, read from `metadata` the same way for each.
+macro_rules! metadata_accessors {
+    ($($view:ty),+) => {$(
+        impl $view {
+            /// `metadata.name`, empty when absent.
+            pub fn name(&self) -> &str {
+                self.metadata.name.as_deref().unwrap_or_default()
+            }
+
+            /// `metadata.namespace`, empty when absent (always, for a ClusterTrainingRuntime).
+            pub fn namespace(&self) -> &str {
+                self.metadata.namespace.as_deref().unwrap_or_default()
+            }
+
+            /// `metadata.uid`, empty when absent.
+            pub fn uid(&self) -> &str {
+                self.metadata.uid.as_deref().unwrap_or_default()
+            }
+        }
+    )+};
+}
+
+metadata_accessors!(JobSet, TrainJob, TrainingRuntime);
 
 /// API group of the Kubeflow Trainer kinds.
 pub const TRAINER_GROUP: &str = "trainer.kubeflow.org";

@@ -140,11 +140,6 @@ impl MpiPolicySource {
 }
 
 impl TrainingRuntime {
-    /// `metadata.name`, empty when absent.
-    pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-
     /// The MPI policy source, when the runtime has one.
     pub fn mpi(&self) -> Option<&MpiPolicySource> {
         self.spec.ml_policy.as_ref()?.mpi.as_ref()

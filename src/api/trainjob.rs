@@ -4,7 +4,7 @@ use super::resources::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
 
-use super::TRAINER_GROUP;
+use super::{RuntimeKind, TRAINER_GROUP};
 
 /// A TrainJob, as far as the MPI policy reads it.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -63,7 +63,24 @@ impl RuntimeRef {
             group => format!("{}.{group}", self.kind()),
         }
     }
+
+    /// The runtime kind this reference names.
+    ///
+    /// # Errors
+    /// [`UnsupportedRuntime`] when it names neither runtime kind.
+    pub fn runtime_kind(&self) -> Result<RuntimeKind, UnsupportedRuntime> {
+        match (self.api_group(), self.kind()) {
+            (TRAINER_GROUP, "TrainingRuntime") => Ok(RuntimeKind::TrainingRuntime),
+            (TRAINER_GROUP, "ClusterTrainingRuntime") => Ok(RuntimeKind::ClusterTrainingRuntime),
+            _ => Err(UnsupportedRuntime(self.group_kind())),
+        }
+    }
 }
+
+/// A runtimeRef naming neither runtime kind: upstream's `unsupported runtime: <Kind>.<group>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unsupported runtime: {0}")]
+pub struct UnsupportedRuntime(pub String);
 
 /// `spec.trainer`, the fields MPI reads.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -89,21 +106,4 @@ pub struct EnvVarName {
     /// Variable name.
     #[serde(default)]
     pub name: String,
-}
-
-impl TrainJob {
-    /// `metadata.name`, empty when absent.
-    pub fn name(&self) -> &str {
-        self.metadata.name.as_deref().unwrap_or_default()
-    }
-
-    /// `metadata.namespace`, empty when absent.
-    pub fn namespace(&self) -> &str {
-        self.metadata.namespace.as_deref().unwrap_or_default()
-    }
-
-    /// `metadata.uid`, empty when absent.
-    pub fn uid(&self) -> &str {
-        self.metadata.uid.as_deref().unwrap_or_default()
-    }
 }

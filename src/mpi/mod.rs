@@ -8,6 +8,8 @@
 //! - [`enforce`]: the JobSet mutation as RFC 6902 operations on the raw JobSet (section C).
 //! - [`hostfile`]: endpoints and the hostfile ConfigMap (section D.2, D.3).
 //! - [`ssh_secret`]: the SSH key pair (the only randomness) and the Secret (section D.1).
+//! - [`objects_for`]: which TrainJobs and JobSets get the Secret and ConfigMap, and the ConfigMap
+//!   (shared by the reconciler and `render`).
 //! - [`implementation`]: Open MPI, Intel MPI and MPICH as one table of data (Decision 5).
 //!
 //! Nothing here performs I/O or reads a clock.
@@ -16,6 +18,7 @@ pub mod enforce;
 pub mod hostfile;
 pub mod implementation;
 pub mod jobset_mode;
+pub mod objects_for;
 pub mod plan;
 pub mod ssh_secret;
 pub mod validate;

@@ -195,9 +195,10 @@ impl ClusterObjects {
             }
             RuntimeKind::ClusterTrainingRuntime => Api::all_with(self.client.clone(), &kind),
         };
-        api.get_opt(name)
-            .await
-            .map_err(|e| LookupError(format!("getting {} {name:?}: {e}", kind.as_str())))
+        api.get_opt(name).await.map_err(|source| LookupError::Api {
+            what: format!("{} {name:?}", kind.as_str()),
+            source,
+        })
     }
 }
 
@@ -245,7 +246,10 @@ impl ObjectSource for ClusterObjects {
             .get_opt(name)
             .await
             .map(|found| found.map(Arc::new))
-            .map_err(|e| LookupError(format!("getting TrainJob {namespace}/{name}: {e}")))
+            .map_err(|source| LookupError::Api {
+                what: format!("TrainJob {namespace}/{name}"),
+                source,
+            })
     }
 }
 
@@ -355,7 +359,16 @@ pub(crate) mod tests {
         assert_eq!(found.expect("found").name(), "pi");
         assert!(objects.train_job("team", "pi").await.expect("ok").is_none());
         let error = objects.train_job("team", "pi").await.expect_err("500");
-        assert!(error.0.starts_with("getting TrainJob team/pi: "), "{error}");
+        assert!(
+            error.to_string().starts_with("getting TrainJob team/pi: "),
+            "{error}"
+        );
+        let LookupError::Api { what, source } = &error;
+        assert_eq!(what, "TrainJob team/pi");
+        assert!(
+            matches!(source, kube::Error::Api(status) if status.code == 500),
+            "the cause is kept: {source:?}"
+        );
         server.await.expect("script");
         assert_eq!(misses(&metrics, "trainjobs"), 3);
     }

@@ -16,9 +16,20 @@ use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 pub use dir::LoadError;
 
 /// A lookup failed for a reason other than "not found" (e.g. the API server is unreachable).
-#[derive(Debug, Clone, thiserror::Error)]
-#[error("{0}")]
-pub struct LookupError(pub String);
+/// Only the cluster source can fail; the in-memory ones always answer.
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The GET that a cache miss falls back to failed.
+    #[error("getting {what}: {source}")]
+    Api {
+        /// The object asked for, as denials and logs name it: `TrainingRuntime "name"`,
+        /// `TrainJob namespace/name`.
+        what: String,
+        /// The API server's (or the connection's) error.
+        #[source]
+        source: kube::Error,
+    },
+}
 
 /// Read access to TrainJobs and runtimes.
 pub trait ObjectSource: Send + Sync {
@@ -74,7 +85,7 @@ impl Snapshot {
         let name = runtime.name().to_string();
         match kind {
             RuntimeKind::TrainingRuntime => {
-                let namespace = runtime.metadata.namespace.clone().unwrap_or_default();
+                let namespace = runtime.namespace().to_string();
                 self.training_runtimes
                     .insert((namespace, name), Arc::new(runtime))
                     .is_some()
@@ -130,14 +141,27 @@ impl Snapshot {
     }
 }
 
-impl ObjectSource for Snapshot {
+/// An in-memory object source: its lookups read a [`Snapshot`] and never fail. Every such
+/// source is an [`ObjectSource`] through this one implementation.
+pub trait SnapshotReader: Send + Sync {
+    /// Calls `read` with the current snapshot.
+    fn with_snapshot<R>(&self, read: impl FnOnce(&Snapshot) -> R) -> R;
+}
+
+impl SnapshotReader for Snapshot {
+    fn with_snapshot<R>(&self, read: impl FnOnce(&Snapshot) -> R) -> R {
+        read(self)
+    }
+}
+
+impl<T: SnapshotReader> ObjectSource for T {
     async fn runtime(
         &self,
         kind: RuntimeKind,
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<TrainingRuntime>>, LookupError> {
-        Ok(self.get_runtime(kind, namespace, name))
+        Ok(self.with_snapshot(|snapshot| snapshot.get_runtime(kind, namespace, name)))
     }
 
     async fn train_job(
@@ -145,6 +169,6 @@ impl ObjectSource for Snapshot {
         namespace: &str,
         name: &str,
     ) -> Result<Option<Arc<TrainJob>>, LookupError> {
-        Ok(self.get_train_job(namespace, name))
+        Ok(self.with_snapshot(|snapshot| snapshot.get_train_job(namespace, name)))
     }
 }

@@ -3,7 +3,7 @@
 //! `<jobset>-mpi-hostfile` (server-side applied), both owned by the JobSet. The same steps,
 //! caches, metrics and leadership checks as for TrainJobs ([`super::ensure_secret`],
 //! [`super::apply_configmap`]); only the owner and where the plan comes from differ
-//! ([`crate::render::jobset_hostfile`], shared with `render`).
+//! ([`crate::mpi::objects_for::jobset_hostfile`], shared with `render`).
 
 use std::sync::Arc;
 
@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::api::JobSet;
 use crate::mpi::Owner;
-use crate::render::jobset_hostfile;
+use crate::mpi::objects_for::jobset_hostfile;
 
 use super::{Context, Error, RETRY_MAX, Retries, Written, apply_configmap, ensure_secret, report};
 

@@ -6,7 +6,7 @@
 //! drift are repaired (D.2), but never over Kubeflow Trainer's manager `trainer` (Decision 16): the
 //! apply is sent without `force`, and retried with it only when no conflicting manager is Trainer's.
 //! Which TrainJobs get objects, and
-//! what the ConfigMap holds, is decided by [`crate::render::hostfile_for`], the same code as
+//! what the ConfigMap holds, is decided by [`crate::mpi::objects_for::hostfile_for`], the same code as
 //! `render` and the webhook's JobSet patch (all start from [`crate::mpi::plan::MpiPlan`]).
 //!
 //! [`reconcile`] and [`error_policy`] are the controller's two callbacks; [`run`] wires the
@@ -37,11 +37,11 @@ use kube::{Api, Client, Resource};
 use tokio::sync::watch;
 
 use crate::api::TrainJob;
+use crate::mpi::objects_for::{Problem, hostfile_for, runtime_ref};
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
 use crate::mpi::{HOSTFILE_NAME, MANAGER, Owner, hostfile_configmap_name, ssh_secret_name};
 use crate::objects::cluster::ClusterObjects;
 use crate::objects::{LookupError, ObjectSource};
-use crate::render::{Problem, hostfile_for, runtime_ref};
 
 pub use leader::{LeaseSettings, TermEnd, run_while_leader};
 pub use metrics::{Probes, ReconcileMetrics, probes_router};

@@ -18,10 +18,10 @@ use tokio::sync::watch;
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::cli::ReconcileArgs;
 use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
+use crate::mpi::objects_for::runtime_ref;
 use crate::mpi::ssh_secret::generate_key_pair;
 use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
 use crate::objects::cluster::{CacheMetrics, ClusterObjects, reflect};
-use crate::render::runtime_ref;
 
 use super::jobset::{JobSetContext, jobset_error_policy, reconcile_jobset};
 use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};

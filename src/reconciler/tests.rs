@@ -144,6 +144,14 @@ struct Fixture {
     metrics: ReconcileMetrics,
 }
 
+/// A fixture whose only cached object is the MPI runtime: every other object is looked up.
+fn mpi_fixture() -> Fixture {
+    fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        ..Caches::default()
+    })
+}
+
 fn fixture(caches: Caches) -> Fixture {
     let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let client = Client::new(service, "default");
@@ -303,21 +311,38 @@ fn apply_conflict(manager: &str, field: &str) -> Value {
            "code": 409})
 }
 
-/// Runs one reconcile against a script; both must finish within [`TIMEOUT`].
+/// Runs a reconcile beside the script of the API calls it must make; both must finish within
+/// [`TIMEOUT`]. Their outputs.
+async fn scripted<R, T>(
+    reconcile: impl Future<Output = R>,
+    script: impl Future<Output = T> + Send + 'static,
+) -> (R, T)
+where
+    T: Send + 'static,
+{
+    let script = tokio::spawn(script);
+    let result = tokio::time::timeout(TIMEOUT, reconcile)
+        .await
+        .expect("reconcile finished (an unscripted call would hang here)");
+    let script = tokio::time::timeout(TIMEOUT, script)
+        .await
+        .expect("script finished (a scripted call was never made)")
+        .expect("script passed");
+    (result, script)
+}
+
+/// Runs one reconcile of the TrainJob against a script.
 async fn converse<S, F>(ctx: &Arc<Context>, server: ApiServer, script: S) -> Result<Action, Error>
 where
     S: FnOnce(ApiServer) -> F + Send + 'static,
     F: Future<Output = ()> + Send + 'static,
 {
-    let script = tokio::spawn(script(server));
-    let result = tokio::time::timeout(TIMEOUT, reconcile(Arc::new(train_job()), ctx.clone()))
-        .await
-        .expect("reconcile finished (an unscripted call would hang here)");
-    tokio::time::timeout(TIMEOUT, script)
-        .await
-        .expect("script finished (a scripted call was never made)")
-        .expect("script passed");
-    result
+    scripted(
+        reconcile(Arc::new(train_job()), ctx.clone()),
+        script(server),
+    )
+    .await
+    .0
 }
 
 /// Like [`converse`], but the script hands the server back for the next reconcile.
@@ -330,23 +355,16 @@ where
     S: FnOnce(ApiServer) -> F + Send + 'static,
     F: Future<Output = ApiServer> + Send + 'static,
 {
-    let script = tokio::spawn(script(server));
-    let result = tokio::time::timeout(TIMEOUT, reconcile(Arc::new(train_job()), ctx.clone()))
-        .await
-        .expect("reconcile finished (an unscripted call would hang here)");
-    let server = tokio::time::timeout(TIMEOUT, script)
-        .await
-        .expect("script finished (a scripted call was never made)")
-        .expect("script passed");
-    (result, server)
+    scripted(
+        reconcile(Arc::new(train_job()), ctx.clone()),
+        script(server),
+    )
+    .await
 }
 
 #[tokio::test]
 async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
-    let f = fixture(Caches {
-        runtime: Some(mpi_runtime()),
-        ..Caches::default()
-    });
+    let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
         api.secret_get(404).await;
         api.secret_create(201).await;
@@ -369,10 +387,7 @@ async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
 
 #[tokio::test]
 async fn existing_secret_is_never_touched() {
-    let f = fixture(Caches {
-        runtime: Some(mpi_runtime()),
-        ..Caches::default()
-    });
+    let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
         api.secret_get(200).await;
         api.configmap_apply().await;
@@ -386,10 +401,7 @@ async fn existing_secret_is_never_touched() {
 
 #[tokio::test]
 async fn secret_created_by_a_racing_replica_counts_as_success() {
-    let f = fixture(Caches {
-        runtime: Some(mpi_runtime()),
-        ..Caches::default()
-    });
+    let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
         api.secret_get(404).await;
         api.secret_create(409).await;
@@ -508,10 +520,7 @@ async fn own_apply_not_yet_in_the_cache_is_not_repeated() {
 
 #[tokio::test]
 async fn secret_get_error_creates_nothing_and_is_retried_with_backoff() {
-    let f = fixture(Caches {
-        runtime: Some(mpi_runtime()),
-        ..Caches::default()
-    });
+    let f = mpi_fixture();
     let job = Arc::new(train_job());
     let mut server = f.server;
     for expected_delay in [1, 2] {
@@ -618,10 +627,7 @@ async fn lost_lease_means_no_writes() {
     let result = converse(&f.ctx, f.server, |_api| async {}).await;
     assert_eq!(result.expect("ok"), Action::await_change());
 
-    let f = fixture(Caches {
-        runtime: Some(mpi_runtime()),
-        ..Caches::default()
-    });
+    let f = mpi_fixture();
     f.leader.send_replace(false);
     // Reads are fine; the create is not.
     let result = converse(&f.ctx, f.server, |mut api| async move {
@@ -843,10 +849,7 @@ async fn controller_runs_only_while_leading() {
 /// misses it; the GET finds it and it is used as is: no key generated, nothing created.
 #[tokio::test]
 async fn unlabelled_secret_made_by_trainer_is_used_as_is() {
-    let f = fixture(Caches {
-        runtime: Some(mpi_runtime()),
-        ..Caches::default()
-    });
+    let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
         let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth");
         let (_, reply) = api.expect(Method::GET, &uri).await;
@@ -992,16 +995,10 @@ mod jobset_mode {
         jobset: JobSet,
         script: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Action, Error> {
-        let script = tokio::spawn(script);
         let jobsets = Arc::new(JobSetContext::new(Arc::clone(ctx)));
-        let result = tokio::time::timeout(TIMEOUT, reconcile_jobset(Arc::new(jobset), jobsets))
+        scripted(reconcile_jobset(Arc::new(jobset), jobsets), script)
             .await
-            .expect("reconcile finished (an unscripted call would hang here)");
-        tokio::time::timeout(TIMEOUT, script)
-            .await
-            .expect("script finished (a scripted call was never made)")
-            .expect("script passed");
-        result
+            .0
     }
 
     /// An Event on the JobSet; returns (type, reason, note).

@@ -47,6 +47,15 @@ pub struct Authorizer {
 }
 
 impl Authorizer {
+    /// The grants of the shipped RBAC, `manifests/base/rbac.yaml`.
+    pub fn shipped() -> Self {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base/rbac.yaml");
+        let text = std::fs::read_to_string(path).expect("rbac.yaml");
+        let objects =
+            mpi_webhook::objects::dir::parse_documents(&text, false).expect("rbac.yaml parses");
+        Self::from_rbac(&objects)
+    }
+
     /// The grants that `objects` (ClusterRoles, Roles and their bindings, as parsed from RBAC
     /// YAML) give [`SERVICE_ACCOUNT`].
     pub fn from_rbac(objects: &[Value]) -> Self {

@@ -1070,37 +1070,28 @@ async fn handle(api: Arc<FakeApi>, request: Request<Incoming>) -> Response<Body>
 /// RBAC on the request itself (the API server's authorization filter). An apply is a `patch`;
 /// one that creates the object also needs `create` (checked where the object is looked up).
 fn authorize(api: &FakeApi, verb: &str, target: &Target) -> Result<(), ApiError> {
-    let Some(authorizer) = &api.options.authorizer else {
-        return Ok(());
+    let verb = match verb {
+        "apply" | "apply-force" => "patch",
+        verb => verb,
     };
-    let attributes = Attributes {
-        verb: match verb {
-            "apply" | "apply-force" => "patch",
-            verb => verb,
-        },
-        group: target.kind.group,
-        resource: target.kind.plural,
-        subresource: "",
-        namespace: target.namespace.as_deref(),
-        name: target.name.as_deref(),
-    };
-    if authorizer.allows(&attributes) {
-        Ok(())
-    } else {
-        Err(Authorizer::forbidden(&attributes))
-    }
+    authorize_verb(api, verb, target)
 }
 
 /// `create` for an apply of an object that does not exist yet.
 fn authorize_apply_create(api: &FakeApi, target: &Target, key: &Key) -> Result<(), ApiError> {
+    if api.options.authorizer.is_none() || api.get(target.kind, key).is_ok() {
+        return Ok(());
+    }
+    authorize_verb(api, "create", target)
+}
+
+/// Whether the authorizer, if there is one, allows `verb` on `target`.
+fn authorize_verb(api: &FakeApi, verb: &str, target: &Target) -> Result<(), ApiError> {
     let Some(authorizer) = &api.options.authorizer else {
         return Ok(());
     };
-    if api.get(target.kind, key).is_ok() {
-        return Ok(());
-    }
     let attributes = Attributes {
-        verb: "create",
+        verb,
         group: target.kind.group,
         resource: target.kind.plural,
         subresource: "",

@@ -237,14 +237,6 @@ fn a_no_op_merge_patch_keeps_the_resource_version() {
     );
 }
 
-fn shipped_rbac() -> Authorizer {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/base/rbac.yaml");
-    let text = std::fs::read_to_string(path).expect("rbac.yaml");
-    let objects =
-        mpi_webhook::objects::dir::parse_documents(&text, false).expect("rbac.yaml parses");
-    Authorizer::from_rbac(&objects)
-}
-
 fn create_attributes() -> Attributes<'static> {
     Attributes {
         verb: "create",
@@ -258,7 +250,7 @@ fn create_attributes() -> Attributes<'static> {
 
 #[test]
 fn the_shipped_rbac_grants_the_reconciler_its_calls_and_nothing_else() {
-    let rbac = shipped_rbac();
+    let rbac = Authorizer::shipped();
     assert!(rbac.allows(&create_attributes()));
     let finalizers = Attributes {
         verb: "update",
@@ -283,12 +275,12 @@ fn the_shipped_rbac_grants_the_reconciler_its_calls_and_nothing_else() {
 
 #[test]
 fn block_owner_deletion_needs_update_on_the_owners_finalizers() {
-    let rbac = shipped_rbac();
+    let rbac = Authorizer::shipped();
     let check = |rbac: &Authorizer, new: &Value, old: Option<&Value>| {
         owner_references_permission(rbac, &create_attributes(), new, old, &resource_of)
     };
     assert!(check(&rbac, &ours("a\n"), None).is_ok());
-    let without = shipped_rbac().without(|g| g.resource == "trainjobs/finalizers");
+    let without = Authorizer::shipped().without(|g| g.resource == "trainjobs/finalizers");
     let error = check(&without, &ours("a\n"), None).expect_err("refused");
     assert_eq!(
         (error.code, error.message.as_str()),

@@ -1,0 +1,92 @@
+//! Which owners get the MPI objects (the SSH Secret and the hostfile ConfigMap), and the
+//! ConfigMap they get: a TrainJob whose runtime has an MPI policy, a JobSet in JobSet mode. The
+//! reconciler and `render` both decide here, so they agree on which owners get objects and on
+//! every count and name.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+
+use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
+use crate::field_error::aggregate;
+
+use super::hostfile::{HostfileTooLarge, hostfile_configmap};
+use super::jobset_mode::{self, Mode};
+use super::plan::MpiPlan;
+
+/// Why no objects can be built for a TrainJob. The display texts are what `render` reports and
+/// what the reconciler's failure Events say.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Problem {
+    /// `spec.runtimeRef` names neither runtime kind (`unsupported runtime: <Kind>.<group>`).
+    #[error(transparent)]
+    UnsupportedRuntime(#[from] crate::api::UnsupportedRuntime),
+    /// The referenced runtime does not exist.
+    #[error("{} {name:?} not found", kind.as_str())]
+    RuntimeNotFound {
+        /// Its kind.
+        kind: RuntimeKind,
+        /// Its name.
+        name: String,
+    },
+    /// The runtime's MPI policy cannot be used: an implementation that is not supported
+    /// (Decisions 4 and 7), or the SSH Secret mounted where the hostfile is.
+    #[error("{0}")]
+    UnusableRuntime(String),
+    /// A JobSet-mode JobSet's label or annotations do not parse (the field errors, aggregated).
+    #[error("{0}")]
+    JobSetSettings(String),
+    /// The hostfile would not fit a ConfigMap (Decision 8).
+    #[error(transparent)]
+    HostfileTooLarge(#[from] HostfileTooLarge),
+}
+
+/// The runtime a TrainJob refers to: its kind and name.
+///
+/// # Errors
+/// [`Problem::UnsupportedRuntime`] when `spec.runtimeRef` names neither runtime kind.
+pub fn runtime_ref(train_job: &TrainJob) -> Result<(RuntimeKind, &str), Problem> {
+    let kind = train_job.spec.runtime_ref.runtime_kind()?;
+    Ok((kind, train_job.spec.runtime_ref.name.as_str()))
+}
+
+/// The hostfile ConfigMap of `train_job` on its runtime (found by [`runtime_ref`]), or `None`
+/// when the runtime has no MPI policy. The reconciler and `render` both decide here, so they
+/// agree on which TrainJobs get objects and on every count and name.
+///
+/// # Errors
+/// [`Problem`] when the runtime is missing (`None`), its implementation is unsupported, or the
+/// hostfile would not fit.
+pub fn hostfile_for(
+    train_job: &TrainJob,
+    kind: RuntimeKind,
+    runtime: Option<&TrainingRuntime>,
+) -> Result<Option<ConfigMap>, Problem> {
+    let runtime_name = &train_job.spec.runtime_ref.name;
+    let Some(runtime) = runtime else {
+        return Err(Problem::RuntimeNotFound {
+            kind,
+            name: runtime_name.clone(),
+        });
+    };
+    let plan = match MpiPlan::new(train_job, runtime) {
+        Ok(Some(plan)) => plan,
+        Ok(None) => return Ok(None),
+        Err(problem) => {
+            return Err(Problem::UnusableRuntime(problem.detail(kind, runtime_name)));
+        }
+    };
+    Ok(Some(hostfile_configmap(train_job, &plan)?))
+}
+
+/// The hostfile ConfigMap of a JobSet-mode JobSet, owned by the JobSet, or `None` for a JobSet
+/// not in JobSet mode (no label, or a TrainJob controls it).
+///
+/// # Errors
+/// [`Problem`] when its settings do not parse or the hostfile would not fit.
+pub fn jobset_hostfile(jobset: &JobSet) -> Result<Option<ConfigMap>, Problem> {
+    if jobset_mode::mode(&jobset.metadata) != Mode::JobSet {
+        return Ok(None);
+    }
+    let plan = MpiPlan::for_jobset(jobset)
+        .map_err(|errors| Problem::JobSetSettings(aggregate(&errors).unwrap_or_default()))?;
+    Ok(Some(hostfile_configmap(jobset, &plan)?))
+}
