@@ -25,7 +25,7 @@ fn binary() -> Command {
     command
         // Logs must be plain text when stderr is not a terminal, whatever NO_COLOR says.
         .env_remove("NO_COLOR")
-        .env("RUST_LOG", "info,mpi_webhook::server=debug")
+        .env("RUST_LOG", "info,mpi_webhook::serve=debug")
         // No cluster: the shipped runtimes are used whatever this machine's kubeconfig says.
         .env("KUBECONFIG", "/nonexistent/kubeconfig")
         .env_remove("KUBERNETES_SERVICE_HOST")
@@ -298,14 +298,15 @@ fn certs_writes_a_ca_and_serving_certificate_and_prints_the_ca_bundle() {
         .unwrap();
 }
 
-/// The costliest body `serve` accepts: just under 7 MiB, a review whose fast read fails (a
-/// duplicate `uid`), so it is parsed whole into a `serde_json::Value`, and whose object is made of
-/// the smallest JSON values there are (`{}`), each of which becomes a map in that `Value`.
+/// The costliest body `serve` accepts: just under 7 MiB, a review of a TrainJob whose runtime does
+/// not exist, so that its denial quotes the client's JSON (`spec.runtimeRef`), which parses the
+/// whole object into a `serde_json::Value`, and whose object is made of the smallest JSON values
+/// there are (`{}`), each of which becomes a map in that `Value`.
 fn costliest_review() -> Vec<u8> {
-    let head = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"x","uid":"big","kind":{"group":"trainer.kubeflow.org","version":"v1alpha1","kind":"TrainJob"},"resource":{"group":"trainer.kubeflow.org","version":"v1alpha1","resource":"trainjobs"},"operation":"CREATE","userInfo":{},"object":{"metadata":{"name":"big","namespace":"default"},"spec":{"runtimeRef":{"name":"deepspeed-distributed"},"filler":[{}"#;
+    let head = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"big","kind":{"group":"trainer.kubeflow.org","version":"v1alpha1","kind":"TrainJob"},"resource":{"group":"trainer.kubeflow.org","version":"v1alpha1","resource":"trainjobs"},"operation":"CREATE","userInfo":{},"object":{"metadata":{"name":"big","namespace":"default"},"spec":{"runtimeRef":{"name":"no-such-runtime"},"filler":[{}"#;
     let tail = b"]}}}}";
     let mut body = head.to_vec();
-    let room = mpi_webhook::server::MAX_BODY_BYTES - head.len() - tail.len();
+    let room = mpi_webhook::serve::MAX_BODY_BYTES - head.len() - tail.len();
     body.extend(std::iter::repeat_n(*b",{}", room / 3).flatten());
     body.extend_from_slice(tail);
     body
@@ -339,7 +340,7 @@ async fn a_burst_of_huge_bodies_stalls_nothing_and_stays_within_its_memory_bound
     let ca_pem = std::fs::read_to_string(cwd.path().join("certs/ca.crt")).unwrap();
     let client = client_config(&[&ca_pem]);
     let huge = costliest_review();
-    assert!(huge.len() <= mpi_webhook::server::MAX_BODY_BYTES);
+    assert!(huge.len() <= mpi_webhook::serve::MAX_BODY_BYTES);
 
     let mut burst = tokio::task::JoinSet::new();
     for _ in 0..64 {
@@ -380,15 +381,17 @@ async fn a_burst_of_huge_bodies_stalls_nothing_and_stays_within_its_memory_bound
     while let Some(reply) = burst.join_next().await {
         let reply = reply.unwrap().unwrap();
         match reply.status {
-            // Reviewed, or denied (fail closed) when its deadline passed before its turn ended.
+            // Denied for its missing runtime, or (fail closed) because its deadline passed
+            // before its turn ended.
             200 => {
                 let response = response_for(&reply, "big");
-                if response["allowed"] != true {
-                    assert_eq!(
-                        response["status"]["message"],
-                        mpi_webhook::server::TIMEOUT_MESSAGE
-                    );
-                }
+                assert_eq!(response["allowed"], false);
+                let message = response["status"]["message"].as_str().unwrap_or_default();
+                assert!(
+                    message == mpi_webhook::serve::TIMEOUT_MESSAGE
+                        || message.contains(r#""no-such-runtime" not found"#),
+                    "{message}"
+                );
             }
             // Its turn came too late to read the whole body before the deadline.
             408 => assert_eq!(

@@ -21,8 +21,9 @@ use mpi_webhook::admission::Route;
 use mpi_webhook::api::{RuntimeKind, TrainJob, TrainingRuntime};
 use mpi_webhook::metrics::Metrics;
 use mpi_webhook::objects::{LookupError, ObjectSource};
-use mpi_webhook::serve::{self, Running, ServeObjects, ServeOptions};
-use mpi_webhook::server::{MAX_BODY_BYTES, Readiness, TIMEOUT_MESSAGE};
+use mpi_webhook::serve::{
+    self, MAX_BODY_BYTES, Readiness, Running, ServeObjects, ServeOptions, TIMEOUT_MESSAGE,
+};
 use mpi_webhook::tls::TlsFiles;
 use serde_json::{Value, json};
 use tls_support::*;
@@ -468,7 +469,7 @@ async fn bodies_over_7_mib_without_content_length_get_413() {
     init();
     use http_body_util::BodyExt;
     use tower::ServiceExt;
-    let state = Arc::new(mpi_webhook::server::AppState::new(
+    let state = Arc::new(mpi_webhook::serve::AppState::new(
         Arc::new(mpi_webhook::objects::Snapshot::default()),
         Readiness::new(),
         Arc::new(Metrics::new()),
@@ -478,7 +479,7 @@ async fn bodies_over_7_mib_without_content_length_get_413() {
         .body(axum::body::Body::from(vec![b' '; MAX_BODY_BYTES + 1]))
         .unwrap();
     assert!(request.headers().get("content-length").is_none());
-    let response = mpi_webhook::server::router(state)
+    let response = mpi_webhook::serve::router(state)
         .oneshot(request)
         .await
         .unwrap();

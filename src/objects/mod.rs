@@ -6,6 +6,7 @@
 
 pub mod cluster;
 pub mod dir;
+pub mod reload;
 
 use std::collections::BTreeMap;
 use std::future::Future;

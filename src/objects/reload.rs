@@ -1,5 +1,5 @@
-//! Background reloading for `serve`: the swappable object snapshot behind `--objects-dir`, the
-//! poller that reloads it, and the supervisor that restarts any reload task that dies.
+//! Reloading `--objects-dir` for `serve`: the swappable object snapshot behind it and the poller
+//! that reloads it (run under [`supervise`](crate::serve::supervise::supervise)).
 //!
 //! `--objects-dir` is polled by content (a hash of every file `Snapshot::load_dir` would read),
 //! so edits, new files, deletions and a ConfigMap volume's `..data` symlink swap are all seen. A
@@ -7,23 +7,16 @@
 //! logged once per distinct content.
 
 use std::collections::hash_map::DefaultHasher;
-use std::future::Future;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use tokio::task::JoinHandle;
 
-use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
 use crate::metrics::Metrics;
 use crate::objects::dir::object_files;
-use crate::objects::{LoadError, LookupError, ObjectSource, Snapshot};
-use crate::server::Readiness;
-
-/// Pause before a dead task is restarted, so a task that dies at once does not spin.
-const RESTART_DELAY: Duration = Duration::from_secs(1);
+use crate::objects::{LoadError, Snapshot, SnapshotReader};
+use crate::serve::Readiness;
 
 /// A [`Snapshot`] that can be replaced while requests read it. Reads are lock-free.
 #[derive(Debug, Default)]
@@ -50,22 +43,9 @@ impl LiveSnapshot {
     }
 }
 
-impl ObjectSource for LiveSnapshot {
-    async fn runtime(
-        &self,
-        kind: RuntimeKind,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Arc<TrainingRuntime>>, LookupError> {
-        Ok(self.current.load().get_runtime(kind, namespace, name))
-    }
-
-    async fn train_job(
-        &self,
-        namespace: &str,
-        name: &str,
-    ) -> Result<Option<Arc<TrainJob>>, LookupError> {
-        Ok(self.current.load().get_train_job(namespace, name))
+impl SnapshotReader for LiveSnapshot {
+    fn with_snapshot<R>(&self, read: impl FnOnce(&Snapshot) -> R) -> R {
+        read(&self.current.load())
     }
 }
 
@@ -159,64 +139,4 @@ fn fingerprint(dir: &Path) -> Result<u64, LoadError> {
         content.hash(&mut hasher);
     }
     Ok(hasher.finish())
-}
-
-/// Aborts the task when dropped, so cancelling a supervisor also stops what it supervises.
-struct AbortOnDrop(JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-/// Runs the task that `start` makes, forever: if it panics (or returns), the failure is logged at
-/// error level, counted in `mpi_webhook_task_restarts`, and a new one is started after a short
-/// pause. Aborting the returned handle stops the task too.
-pub fn supervise<F, Fut>(name: &'static str, metrics: Arc<Metrics>, mut start: F) -> JoinHandle<()>
-where
-    F: FnMut() -> Fut + Send + 'static,
-    Fut: Future<Output = ()> + Send + 'static,
-{
-    tokio::spawn(async move {
-        loop {
-            let mut task = AbortOnDrop(tokio::spawn(start()));
-            match (&mut task.0).await {
-                Ok(()) => tracing::error!(task = name, "background task ended; restarting it"),
-                Err(e) if e.is_panic() => {
-                    tracing::error!(task = name, "background task panicked; restarting it");
-                }
-                Err(_) => return,
-            }
-            metrics.task_restart(name);
-            tokio::time::sleep(RESTART_DELAY).await;
-        }
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    #[tokio::test]
-    async fn a_panicking_task_is_restarted() {
-        tokio::time::pause();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let counter = Arc::clone(&runs);
-        let handle = supervise("test", Arc::new(Metrics::new()), move || {
-            let counter = Arc::clone(&counter);
-            async move {
-                if counter.fetch_add(1, Ordering::SeqCst) < 2 {
-                    panic!("boom");
-                }
-                std::future::pending::<()>().await;
-            }
-        });
-        for _ in 0..50 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        assert_eq!(runs.load(Ordering::SeqCst), 3);
-        handle.abort();
-    }
 }

@@ -14,7 +14,6 @@
 //! the small reviews behind it (README "Bounded work").
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -30,6 +29,7 @@ use tokio::sync::Semaphore;
 use crate::admission::{self, BadReview, Reviewed, Route};
 use crate::metrics::{Metrics, Outcome};
 use crate::objects::ObjectSource;
+use crate::serve::Readiness;
 
 /// Largest accepted request body: 7 MiB, the limit controller-runtime uses.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
@@ -40,8 +40,8 @@ pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
 pub const SMALL_BODY_BYTES: usize = 64 * 1024;
 
 /// Larger bodies (or bodies of unknown length) read and reviewed at once. One may hold its 7 MiB
-/// body plus, in the worst case, a `serde_json::Value` of it (a review whose fast read fails, made
-/// of the smallest JSON values) of about 30 times the body: some 220 MiB. Large reviews are never
+/// body plus, in the worst case, a `serde_json::Value` of it (an object whose denial quotes the
+/// client's JSON, made of the smallest JSON values) of about 30 times the body: some 220 MiB. Large reviews are never
 /// the apiserver's normal traffic, so one at a time is plenty, and it leaves the other core to
 /// everything else. The README states the resulting bound on memory.
 pub const LARGE_REVIEWS_AT_ONCE: usize = 1;
@@ -51,56 +51,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The longest webhook timeout the apiserver allows; larger `?timeout=` values are capped.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Readiness of `serve`: ready once the object source is loaded (or synced) and the TLS listener
-/// is bound, until shutdown starts. Cheap to clone; any object source can drive it.
-#[derive(Debug, Clone, Default)]
-pub struct Readiness(Arc<ReadinessFlags>);
-
-#[derive(Debug, Default)]
-struct ReadinessFlags {
-    objects: AtomicBool,
-    listening: AtomicBool,
-    draining: AtomicBool,
-}
-
-impl Readiness {
-    /// Not ready.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The object source finished its first load (or initial sync).
-    pub fn set_objects_loaded(&self) {
-        self.0.objects.store(true, Ordering::Release);
-    }
-
-    /// The TLS listener is bound and accepting.
-    pub fn set_listening(&self) {
-        self.0.listening.store(true, Ordering::Release);
-    }
-
-    /// Shutdown started: report not ready so no new traffic is routed here.
-    pub fn set_draining(&self) {
-        self.0.draining.store(true, Ordering::Release);
-    }
-
-    /// `Ok` when ready, else what is missing.
-    ///
-    /// # Errors
-    /// A short reason for the 503 body.
-    pub fn check(&self) -> Result<(), &'static str> {
-        if self.0.draining.load(Ordering::Acquire) {
-            Err("shutting down")
-        } else if !self.0.objects.load(Ordering::Acquire) {
-            Err("objects not loaded yet")
-        } else if !self.0.listening.load(Ordering::Acquire) {
-            Err("TLS listener not bound yet")
-        } else {
-            Ok(())
-        }
-    }
-}
 
 /// What the handlers share.
 pub struct AppState<S> {
@@ -542,17 +492,5 @@ mod tests {
             "u2"
         );
         assert_eq!(uid_of(br#"{"request":{"uid":7}}"#), "");
-    }
-
-    #[test]
-    fn readiness_needs_objects_and_listener() {
-        let r = Readiness::new();
-        assert!(r.check().is_err());
-        r.set_objects_loaded();
-        assert!(r.check().is_err());
-        r.set_listening();
-        assert_eq!(r.check(), Ok(()));
-        r.set_draining();
-        assert_eq!(r.check(), Err("shutting down"));
     }
 }

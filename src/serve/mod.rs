@@ -1,22 +1,20 @@
-//! `mpi-webhook serve`: choosing the object source and the certificate, binding the HTTPS and
-//! metrics listeners, the accept loop, and graceful shutdown.
+//! `mpi-webhook serve`, the process: choosing the object source and the certificate, binding the
+//! HTTPS and metrics listeners, the background reload tasks, and graceful shutdown.
 //!
-//! The accept loop is tokio-rustls + hyper-util directly (no axum-server): the certificate comes
-//! from a [`ReloadingCert`] resolver, so a reload is one pointer swap and never touches the
-//! listener; connections are tracked by hyper-util's `GracefulShutdown`, so shutdown stops
-//! accepting, lets in-flight requests finish (closing idle keep-alive connections at once), and
-//! gives up after a bound.
+//! What it is made of: [`router`] (the HTTPS routes and their handlers, with the body and deadline
+//! bounds), [`readiness`] (what `/readyz` answers), [`accept`] (the TLS accept loop and the drain
+//! at shutdown), [`supervise`] (restarting a background task that dies).
+
+mod accept;
+pub mod readiness;
+pub mod router;
+pub mod supervise;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -26,16 +24,13 @@ use crate::certs::{self, CertsError};
 use crate::cli::ServeArgs;
 use crate::metrics::Metrics;
 use crate::objects::cluster::ClusterObjects;
+use crate::objects::reload::{DirReloader, LiveSnapshot};
 use crate::objects::{LoadError, ObjectSource, Snapshot};
-use crate::reload::{DirReloader, LiveSnapshot, supervise};
-use crate::server::{self, AppState, Readiness};
+use crate::serve::supervise::supervise;
 use crate::tls::{self, CertReloader, ReloadOutcome, ReloadingCert, TlsError, TlsFiles};
 
-/// A TLS handshake that takes longer than this is dropped (slow or stuck clients).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// An HTTP/1 client that sends no complete request headers for this long is disconnected.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub use readiness::Readiness;
+pub use router::{AppState, MAX_BODY_BYTES, TIMEOUT_MESSAGE, router};
 
 /// `serve` failed to start or to shut down cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -318,16 +313,22 @@ pub async fn start_with<S: ObjectSource + 'static>(
     tasks.push(tokio::spawn(async move {
         let server =
             axum::serve(metrics_listener, metrics_router).with_graceful_shutdown(async move {
-                stop_requested(&mut metrics_shutdown).await;
+                accept::stop_requested(&mut metrics_shutdown).await;
             });
         if let Err(e) = server.await {
             tracing::error!(error = %e, "metrics listener failed");
         }
     }));
     let state = Arc::new(AppState::new(objects, readiness.clone(), metrics));
-    let router = server::router(state);
+    let router = router::router(state);
     let grace = options.shutdown_grace;
-    let accept = tokio::spawn(accept_loop(https, acceptor, router, shutdown_rx, grace));
+    let accept = tokio::spawn(accept::accept_loop(
+        https,
+        acceptor,
+        router,
+        shutdown_rx,
+        grace,
+    ));
     readiness.set_listening();
     tracing::info!(%https_addr, %metrics_addr, "listening (HTTPS admission, plain-HTTP /metrics)");
     Ok(Running {
@@ -393,78 +394,4 @@ impl Running {
         }
         tracing::info!("shut down");
     }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    acceptor: TlsAcceptor,
-    router: Router,
-    mut shutdown: watch::Receiver<bool>,
-    grace: Duration,
-) {
-    let graceful = GracefulShutdown::new();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let builder = Arc::new(builder);
-    loop {
-        let (tcp, peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // E.g. out of file descriptors: back off instead of spinning or exiting.
-                    tracing::warn!(error = %e, "accepting a connection failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            },
-            () = stop_requested(&mut shutdown) => break,
-        };
-        let watcher = graceful.watcher();
-        let acceptor = acceptor.clone();
-        let router = router.clone();
-        let builder = Arc::clone(&builder);
-        tokio::spawn(async move {
-            let _ = tcp.set_nodelay(true);
-            let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => tls,
-                Ok(Err(e)) => {
-                    tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                    return;
-                }
-                Err(_) => {
-                    tracing::debug!(%peer, "TLS handshake timed out");
-                    return;
-                }
-            };
-            let service = TowerToHyperService::new(router);
-            let connection = builder.serve_connection(TokioIo::new(tls), service);
-            if let Err(e) = watcher.watch(connection).await {
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    let open = graceful.count();
-    tracing::info!(
-        connections = open,
-        "stopped accepting; waiting for in-flight requests"
-    );
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::warn!(
-            grace_seconds = grace.as_secs_f64(),
-            "in-flight requests did not finish within the shutdown grace; closing them"
-        );
-    }
-}
-
-/// Resolves once `true` is sent (or the sender is gone).
-async fn stop_requested(shutdown: &mut watch::Receiver<bool>) {
-    // The returned guard is dropped here, so callers' futures stay Send.
-    let _ = shutdown.wait_for(|stop| *stop).await;
 }
