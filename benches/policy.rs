@@ -6,9 +6,7 @@
 //! sample AdmissionReviews, so the figures describe what users send.
 
 use std::hint::black_box;
-use std::path::Path;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use criterion::measurement::WallTime;
 use criterion::{
@@ -16,7 +14,7 @@ use criterion::{
 };
 use mpi_webhook::admission::{Route, review};
 use mpi_webhook::api::{RuntimeKind, TrainJob, TrainingRuntime};
-use mpi_webhook::mpi::enforce::{JobSetView, enforce_fresh, enforce_mpi_policy};
+use mpi_webhook::mpi::enforce::{JobSetView, enforce_mpi_policy};
 use mpi_webhook::mpi::hostfile::hostfile;
 use mpi_webhook::mpi::plan::MpiPlan;
 use mpi_webhook::mpi::ssh_secret::generate_key_pair;
@@ -25,33 +23,15 @@ use mpi_webhook::objects::Snapshot;
 use mpi_webhook::raw_json::RawJson;
 use serde_json::Value;
 
-const REVIEWS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/manifests/samples/reviews");
-const VALIDATE_SAMPLE: &str = "trainjob-create-allowed.json";
-const MUTATE_SAMPLE: &str = "jobset-create-owned-by-trainjob.json";
+#[path = "support/reviews.rs"]
+mod reviews;
+
+use reviews::{MUTATE_SAMPLE, VALIDATE_SAMPLE, block_on, json, sample};
+
+/// The runtime both samples use.
 const RUNTIME: &str = "deepspeed-distributed";
 
-/// Runs a future that never waits (every [`Snapshot`] lookup is ready at once) to completion.
-fn block_on<F: Future>(future: F) -> F::Output {
-    let mut future = std::pin::pin!(future);
-    let mut cx = Context::from_waker(Waker::noop());
-    loop {
-        if let Poll::Ready(output) = future.as_mut().poll(&mut cx) {
-            return output;
-        }
-    }
-}
-
-fn sample(name: &str) -> Vec<u8> {
-    let path = Path::new(REVIEWS).join(name);
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
-}
-
-fn json(bytes: &[u8]) -> Value {
-    serde_json::from_slice(bytes).expect("sample is JSON")
-}
-
-/// The shipped runtimes plus the sample TrainJob of the mutate review with `num_nodes` nodes
-/// (same name and uid, so the sample JobSet's ownerReference matches).
+/// The shipped runtimes plus the sample TrainJob of the mutate review with `num_nodes` nodes.
 struct Fixture {
     snapshot: Snapshot,
     runtime: Arc<TrainingRuntime>,
@@ -60,17 +40,12 @@ struct Fixture {
 }
 
 fn fixture(num_nodes: i64) -> Fixture {
-    let mut snapshot = Snapshot::shipped_runtimes().expect("shipped runtimes load");
+    let train_job_raw = reviews::train_job_json(num_nodes);
+    let train_job: TrainJob = serde_json::from_value(train_job_raw.clone()).expect("TrainJob");
+    let snapshot = reviews::snapshot_with(&train_job);
     let runtime = snapshot
         .get_runtime(RuntimeKind::ClusterTrainingRuntime, "", RUNTIME)
         .expect("deepspeed runtime is shipped");
-    // The TrainJob the sample JobSet is owned by: manifests/samples/trainjob-pi-deepspeed.yaml.
-    let mut train_job_raw = json(&sample(VALIDATE_SAMPLE))["request"]["object"].take();
-    train_job_raw["metadata"]["name"] = "pi-deepspeed".into();
-    train_job_raw["metadata"]["uid"] = "6b1f4a52-1c3e-4d8a-9f20-3a7e5c9d0b11".into();
-    train_job_raw["spec"]["trainer"]["numNodes"] = num_nodes.into();
-    let train_job: TrainJob = serde_json::from_value(train_job_raw.clone()).expect("TrainJob");
-    snapshot.insert_train_job(train_job.clone());
     Fixture {
         snapshot,
         runtime,
@@ -120,37 +95,26 @@ fn skim(group: &mut BenchmarkGroup<'_, WallTime>, body: &[u8]) {
 
 fn mutate(c: &mut Criterion) {
     let body = sample(MUTATE_SAMPLE);
-    let jobset = json(&body)["request"]["object"].take();
-    let jobset_text = jobset.to_string();
+    let jobset_text = json(&body)["request"]["object"].take().to_string();
     let mut group = c.benchmark_group("mutate_jobset");
     for num_nodes in [3, 1_000] {
         let fx = fixture(num_nodes);
         let plan = MpiPlan::new(&fx.train_job, &fx.runtime)
             .expect("supported")
             .expect("MPI runtime");
-        let ops = enforce_mpi_policy(&plan, &jobset).expect("patch");
-        assert!(!ops.is_empty(), "the sample JobSet needs a patch");
+        let view = JobSetView::read(&jobset_text).expect("readable");
+        let patch = enforce_mpi_policy(&plan, &view).expect("patch");
+        assert!(patch.operations > 0, "the sample JobSet needs a patch");
+        // The mutation alone: read the JobSet, make the plan, write the patch.
         group.bench_with_input(
-            BenchmarkId::new("plan+enforce", num_nodes),
-            &num_nodes,
-            |b, _| {
-                b.iter(|| {
-                    let plan = MpiPlan::new(black_box(&fx.train_job), &fx.runtime);
-                    let plan = plan.ok().flatten().expect("plan");
-                    enforce_mpi_policy(&plan, black_box(&jobset))
-                });
-            },
-        );
-        // The fast path serve takes for a JobSet as Trainer creates it: read + plan + operations.
-        group.bench_with_input(
-            BenchmarkId::new("read+plan+enforce_fresh", num_nodes),
+            BenchmarkId::new("read+plan+enforce", num_nodes),
             &num_nodes,
             |b, _| {
                 b.iter(|| {
                     let view = JobSetView::read(black_box(&jobset_text)).expect("readable");
                     let plan = MpiPlan::new(black_box(&fx.train_job), &fx.runtime);
                     let plan = plan.ok().flatten().expect("plan");
-                    enforce_fresh(&plan, &view)
+                    enforce_mpi_policy(&plan, &view)
                 });
             },
         );

@@ -101,7 +101,9 @@ pub async fn review(args: &ReviewArgs) -> Result<String, OfflineError> {
         source,
     };
     let route = admission::route_for(verb, &value).map_err(bad)?;
-    let reviewed = admission::review_value(route, value, &snapshot)
+    // The same bytes and the same read as `serve`: YAML becomes the JSON it stands for.
+    let body = serde_json::to_vec(&value)?;
+    let reviewed = admission::review(route, &body, &snapshot)
         .await
         .map_err(bad)?;
     Ok(serde_json::to_string_pretty(&reviewed.json())?)

@@ -21,6 +21,32 @@ fn render_dir(dir: &Path) -> Output {
     )
 }
 
+/// A temporary directory holding copies of the repository's `manifests/<file>` for each file.
+fn manifests_dir(files: &[&str]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for file in files {
+        let from = repo(&format!("manifests/{file}"));
+        std::fs::copy(&from, dir.path().join(from.file_name().expect("name"))).expect("copy");
+    }
+    dir
+}
+
+/// The documents `render` prints for `dir`, which it must render without a problem.
+fn rendered(dir: &Path) -> Vec<Value> {
+    let out = render_dir(dir);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    documents(&out)
+}
+
+/// The YAML documents a command printed.
+fn documents(out: &Output) -> Vec<Value> {
+    serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).expect("YAML")
+}
+
 fn run(args: &[&str], stdin: Option<&[u8]>) -> Output {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"))
         .args(args)
@@ -237,22 +263,11 @@ fn malformed_objects_dir_file_is_named() {
 
 #[test]
 fn render_prints_secret_then_configmap_per_trainjob_and_reports_missing_runtimes() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for file in [
+    let dir = manifests_dir(&[
         "runtimes/deepspeed_distributed.yaml",
         "samples/trainjob-pi-deepspeed.yaml",
-    ] {
-        let from = repo(&format!("manifests/{file}"));
-        std::fs::copy(&from, dir.path().join(from.file_name().expect("name"))).expect("copy");
-    }
-    let out = render_dir(dir.path());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
+    ]);
+    let docs = rendered(dir.path());
     let kinds: Vec<&str> = docs
         .iter()
         .map(|d| d["kind"].as_str().unwrap_or(""))
@@ -273,8 +288,7 @@ fn render_prints_secret_then_configmap_per_trainjob_and_reports_missing_runtimes
         String::from_utf8_lossy(&out.stderr).trim_end(),
         r#"skipped TrainJob default/orphan: ClusterTrainingRuntime "nowhere" not found"#
     );
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
+    let docs = documents(&out);
     assert_eq!(docs.len(), 2, "the good TrainJob is still rendered");
 }
 
@@ -282,23 +296,12 @@ fn render_prints_secret_then_configmap_per_trainjob_and_reports_missing_runtimes
 /// names no implementation is reported and skipped.
 #[test]
 fn render_renders_jobset_mode_jobsets_after_trainjobs() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    for file in [
+    let dir = manifests_dir(&[
         "runtimes/mpich_distributed.yaml",
         "samples/trainjob-pi-mpich.yaml",
         "samples/jobset-pi-mpich.yaml",
-    ] {
-        let from = repo(&format!("manifests/{file}"));
-        std::fs::copy(&from, dir.path().join(from.file_name().expect("name"))).expect("copy");
-    }
-    let out = render_dir(dir.path());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let docs: Vec<Value> =
-        serde_saphyr::from_multiple(&String::from_utf8_lossy(&out.stdout)).expect("YAML");
+    ]);
+    let docs = rendered(dir.path());
     let names: Vec<&str> = docs
         .iter()
         .map(|d| d["metadata"]["name"].as_str().unwrap_or(""))

@@ -75,59 +75,19 @@ fuzz_target!(|data: &[u8]| {
 });
 
 /// What the policy writes: the worker counts, and the pod specs' volumes and the containers'
-/// mounts and env (`*` is any index).
-const OWNED: &[&[&str]] = &[
-    &[
-        "spec",
-        "replicatedJobs",
-        "*",
-        "template",
-        "spec",
-        "parallelism",
-    ],
-    &[
-        "spec",
-        "replicatedJobs",
-        "*",
-        "template",
-        "spec",
-        "completions",
-    ],
-    &[
-        "spec",
-        "replicatedJobs",
-        "*",
-        "template",
-        "spec",
-        "template",
-        "spec",
-        "volumes",
-    ],
-    &[
-        "spec",
-        "replicatedJobs",
-        "*",
-        "template",
-        "spec",
-        "template",
-        "spec",
-        "containers",
-        "*",
-        "volumeMounts",
-    ],
-    &[
-        "spec",
-        "replicatedJobs",
-        "*",
-        "template",
-        "spec",
-        "template",
-        "spec",
-        "containers",
-        "*",
-        "env",
-    ],
+/// mounts and env, as JSON pointers without the leading `/` (`*` is any index).
+const OWNED: &[&str] = &[
+    "spec/replicatedJobs/*/template/spec/parallelism",
+    "spec/replicatedJobs/*/template/spec/completions",
+    "spec/replicatedJobs/*/template/spec/template/spec/volumes",
+    "spec/replicatedJobs/*/template/spec/template/spec/containers/*/volumeMounts",
+    "spec/replicatedJobs/*/template/spec/template/spec/containers/*/env",
 ];
+
+/// The tokens of an [`OWNED`] pattern.
+fn pattern(owned: &str) -> Vec<&str> {
+    owned.split('/').collect()
+}
 
 fn matches(pattern: &[&str], tokens: &[&str]) -> bool {
     pattern
@@ -140,12 +100,14 @@ fn matches(pattern: &[&str], tokens: &[&str]) -> bool {
 fn owned(tokens: &[&str]) -> bool {
     OWNED
         .iter()
-        .any(|p| tokens.len() >= p.len() && matches(p, tokens))
+        .map(|p| pattern(p))
+        .any(|p| tokens.len() >= p.len() && matches(&p, tokens))
 }
 
 /// Above a location the policy owns: a `null` there may become the parent it creates.
 fn leads_to_owned(tokens: &[&str]) -> bool {
     OWNED
         .iter()
-        .any(|p| tokens.len() < p.len() && matches(p, tokens))
+        .map(|p| pattern(p))
+        .any(|p| tokens.len() < p.len() && matches(&p, tokens))
 }

@@ -2,115 +2,90 @@
 //! mode); a JobSet labelled `mpi-webhook.io/implementation` gets the wiring its label and
 //! annotations ask for (JobSet mode).
 
-use std::borrow::Cow;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde_json::value::RawValue;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::DynamicObject;
-use kube::core::admission::AdmissionRequest;
-use serde_json::Value;
-
-use crate::api::JobSet;
 use crate::field_error::aggregate;
-use crate::mpi::enforce::{PatchJson, enforce_fresh, enforce_mpi_policy};
+use crate::mpi::enforce::{Element, JobSetView, enforce_mpi_policy};
 use crate::mpi::jobset_mode::{self, Mode};
 use crate::mpi::plan::{MpiPlan, PlanError};
 use crate::objects::ObjectSource;
-use crate::objects::dir::from_value;
+use crate::raw_json::RawJson;
 
-use super::validate::runtime_kind;
-use super::{Object, Verdict, projection};
+use super::read::{self, Request};
+use super::validate::read_jobset;
+use super::{InternalError, Verdict};
 
-/// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE. `None` when the JobSet was read as a
-/// view and is not fresh, or is in JobSet mode (whose rules read more than the view holds): the
-/// review is then read again by the general path.
+/// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE, for `jobset` read from the review
+/// `body` of `req`.
 pub(super) async fn jobset<S: ObjectSource>(
-    req: &AdmissionRequest<DynamicObject>,
-    object: &Object<'_>,
+    req: &Request<'_, Element<JobSetView<'_>>>,
+    jobset: &Element<JobSetView<'_>>,
+    body: &[u8],
     objects: &S,
-) -> Option<Verdict> {
-    let jobset = match object {
-        Object::JobSet(view) => {
-            if jobset_mode::mode(&view.metadata) == Mode::JobSet {
-                return None;
-            }
-            let plan = match plan(req, &view.metadata, objects).await {
-                Ok(Some(plan)) => plan,
-                Ok(None) => return Some(Verdict::allow()),
-                Err(verdict) => return Some(verdict),
-            };
-            let patch = enforce_fresh(&plan, view)?;
-            return Some(Verdict {
+) -> Verdict {
+    let jobset = match jobset {
+        Element::Object(view) => view,
+        Element::Other(found) => {
+            let error = read::not_an_object(read::OBJECT_FIELD, found.name());
+            return Verdict::deny(format!("JobSet cannot be read: {error}"));
+        }
+    };
+    let metadata: ObjectMeta = match jobset.metadata.map(|m| read::member(m, "metadata")) {
+        None => ObjectMeta::default(),
+        Some(Ok(metadata)) => metadata,
+        Some(Err(e)) => return Verdict::deny(format!("JobSet cannot be read: {e}")),
+    };
+    let plan = match jobset_mode::mode(&metadata) {
+        Mode::Plain => Ok(None),
+        Mode::JobSet => jobset_mode_plan(body).map(Some),
+        Mode::TrainJob(owner) => train_job_plan(req, &metadata, owner, objects).await,
+    };
+    match plan {
+        Ok(Some(plan)) => match enforce_mpi_policy(&plan, jobset) {
+            Ok(patch) => Verdict::Allow {
+                warnings: Vec::new(),
                 patch: Some(patch),
-                ..Verdict::default()
-            });
-        }
-        Object::Parsed(value) => Cow::Borrowed(value),
-        // Raw JSON always parses; were it not to, the JobSet would read as `null`: no patch.
-        Object::Raw(raw) => Cow::Owned(
-            projection::from_slice(&projection::JOBSET, raw.get().as_bytes())
-                .unwrap_or(Value::Null),
-        ),
-    };
-    let metadata: ObjectMeta = match jobset.get("metadata").map(from_value).transpose() {
-        Ok(m) => m.unwrap_or_default(),
-        Err(e) => {
-            return Some(Verdict::deny(format!(
-                "JobSet cannot be read: metadata.{e}"
-            )));
-        }
-    };
-    if jobset_mode::mode(&metadata) == Mode::JobSet {
-        return Some(jobset_mode_verdict(&jobset));
-    }
-    Some(match plan(req, &metadata, objects).await {
-        Ok(Some(plan)) => enforce(&plan, &jobset),
+            },
+            Err(e) => Verdict::deny(format!("JobSet cannot be patched: {e}")),
+        },
         Ok(None) => Verdict::allow(),
         Err(verdict) => verdict,
-    })
+    }
 }
 
-/// JobSet mode: a JobSet breaking a rule of the mode is denied here too, with the validating
-/// route's message, so that no pod starts half wired whatever the order of the webhooks.
-fn jobset_mode_verdict(raw: &Value) -> Verdict {
-    let jobset: JobSet = match from_value(raw) {
-        Ok(jobset) => jobset,
-        Err(e) => return Verdict::deny(format!("JobSet cannot be read: {e}")),
+/// JobSet mode's plan. A JobSet breaking a rule of the mode is denied here too, with the
+/// validating route's message, so that no pod starts half wired whatever the order of the
+/// webhooks. The mode's rules read the whole JobSet, typed, and quote the client's JSON, so
+/// the review `body` is read for its object's raw JSON, as the validating route reads it.
+fn jobset_mode_plan(body: &[u8]) -> Result<MpiPlan, Verdict> {
+    let object = match read::request::<&RawValue>(body) {
+        Ok(Request {
+            object: Some(object),
+            ..
+        }) => object,
+        Ok(_) => return Err(Verdict::Internal(InternalError::Reread("no object".into()))),
+        Err(e) => return Err(Verdict::Internal(InternalError::Reread(e.0))),
     };
-    let checked = jobset_mode::check(&jobset, &raw.into());
+    let jobset = read_jobset(object)?;
+    let checked = jobset_mode::check(&jobset, &RawJson::text(object));
     match (aggregate(&checked.errors), checked.plan) {
-        (Some(message), _) => Verdict::deny(message),
-        (None, Some(plan)) => enforce(&plan, raw),
+        (Some(message), _) => Err(Verdict::deny(message)),
+        (None, Some(plan)) => Ok(plan),
         // Settings that parse always give a plan; were there none, nothing could be wired.
-        (None, None) => Verdict::internal("JobSet mode: no plan and no error"),
+        (None, None) => Err(Verdict::Internal(InternalError::NoPlan)),
     }
 }
 
-fn enforce(plan: &MpiPlan, jobset: &Value) -> Verdict {
-    let operations = match enforce_mpi_policy(plan, jobset) {
-        Ok(operations) => operations,
-        Err(e) => return Verdict::deny(format!("JobSet cannot be patched: {e}")),
-    };
-    match PatchJson::from_operations(&operations) {
-        Ok(patch) => Verdict {
-            patch: Some(patch),
-            ..Verdict::default()
-        },
-        Err(e) => Verdict::internal(format!("serializing the patch failed: {e}")),
-    }
-}
-
-/// The MPI plan of the TrainJob that controls the JobSet with `metadata`: `Ok(None)` when no
-/// TrainJob controls it or its runtime has no MPI policy, `Err` with the verdict when the
-/// TrainJob or its runtime cannot be used.
-async fn plan<S: ObjectSource>(
-    req: &AdmissionRequest<DynamicObject>,
+/// The MPI plan of the TrainJob that controls the JobSet with `metadata` (`owner`): `Ok(None)`
+/// when its runtime has no MPI policy, `Err` with the verdict when the TrainJob or its runtime
+/// cannot be used.
+async fn train_job_plan<S: ObjectSource, O>(
+    req: &Request<'_, O>,
     metadata: &ObjectMeta,
+    owner: &OwnerReference,
     objects: &S,
 ) -> Result<Option<MpiPlan>, Verdict> {
-    // TrainJob mode: the controller ownerReference is a trainer.kubeflow.org TrainJob.
-    let Mode::TrainJob(owner) = jobset_mode::mode(metadata) else {
-        return Ok(None);
-    };
     let namespace = req
         .namespace
         .as_deref()
@@ -124,10 +99,11 @@ async fn plan<S: ObjectSource>(
                 "{train_job_ref}, the controller owner of this JobSet, was not found; retry once it exists"
             )));
         }
-        Err(e) => {
-            return Err(Verdict::internal(format!(
-                "looking up {train_job_ref}: {e}"
-            )));
+        Err(source) => {
+            return Err(Verdict::Internal(InternalError::Lookup {
+                what: train_job_ref,
+                source,
+            }));
         }
     };
     if train_job.uid() != owner.uid {
@@ -137,8 +113,11 @@ async fn plan<S: ObjectSource>(
             owner.uid
         )));
     }
-    let kind = runtime_kind(&train_job)
-        .map_err(|message| Verdict::deny(format!("{train_job_ref}: {message}")))?;
+    let kind = train_job
+        .spec
+        .runtime_ref
+        .runtime_kind()
+        .map_err(|e| Verdict::deny(format!("{train_job_ref}: {e}")))?;
     let runtime_name = &train_job.spec.runtime_ref.name;
     let runtime = match objects.runtime(kind, namespace, runtime_name).await {
         Ok(Some(r)) => r,
@@ -148,11 +127,11 @@ async fn plan<S: ObjectSource>(
                 kind.as_str()
             )));
         }
-        Err(e) => {
-            return Err(Verdict::internal(format!(
-                "looking up {} {runtime_name}: {e}",
-                kind.as_str()
-            )));
+        Err(source) => {
+            return Err(Verdict::Internal(InternalError::Lookup {
+                what: format!("{} {runtime_name}", kind.as_str()),
+                source,
+            }));
         }
     };
     MpiPlan::new(&train_job, &runtime).map_err(|problem: PlanError| {

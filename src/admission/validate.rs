@@ -2,9 +2,9 @@
 //! JobSets.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, Operation};
+use kube::core::admission::Operation;
 use serde::Deserialize;
+use serde_json::value::RawValue;
 
 use crate::api::{JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
@@ -13,24 +13,12 @@ use crate::mpi::validate::{trainer_support_warning, validate_runtime, validate_t
 use crate::objects::ObjectSource;
 use crate::raw_json::RawJson;
 
-use super::{Object, Verdict};
+use super::read::{self, Request};
+use super::{InternalError, Verdict};
 
 /// Label value marking a deprecated ClusterTrainingRuntime.
 const SUPPORT_LABEL: &str = "trainer.kubeflow.org/support";
 const DEPRECATION_POLICY_URL: &str = "https://trainer.kubeflow.org/en/latest/operator-guides/runtime.html#runtime-deprecation-policy";
-
-/// The runtime kind a TrainJob refers to, or upstream's `unsupported runtime: <Kind>.<group>`.
-///
-/// # Errors
-/// The message for a runtimeRef that names neither runtime kind.
-pub fn runtime_kind(train_job: &TrainJob) -> Result<RuntimeKind, String> {
-    let runtime_ref = &train_job.spec.runtime_ref;
-    match (runtime_ref.api_group(), runtime_ref.kind()) {
-        (TRAINER_GROUP, "TrainingRuntime") => Ok(RuntimeKind::TrainingRuntime),
-        (TRAINER_GROUP, "ClusterTrainingRuntime") => Ok(RuntimeKind::ClusterTrainingRuntime),
-        _ => Err(format!("unsupported runtime: {}", runtime_ref.group_kind())),
-    }
-}
 
 /// Upstream's "runtime missing" error, quirks kept (Decision 11): field `spec.RuntimeRef` for
 /// ClusterTrainingRuntime, the API server's NotFound text, the camel-cased kind.
@@ -66,24 +54,24 @@ fn deprecation_warning(kind: RuntimeKind, runtime: &TrainingRuntime) -> Option<S
 
 /// `/validate-trainer-kubeflow-org-v1alpha1-trainjob`.
 pub(super) async fn train_job<S: ObjectSource>(
-    req: &AdmissionRequest<DynamicObject>,
-    object: &Object<'_>,
+    req: &Request<'_>,
+    object: &RawValue,
     objects: &S,
 ) -> Verdict {
-    let train_job: TrainJob = match object.read() {
+    let train_job: TrainJob = match read::object(object) {
         Ok(t) => t,
         Err(e) => return Verdict::deny(format!("TrainJob cannot be read: {e}")),
     };
-    let kind = match runtime_kind(&train_job) {
+    let kind = match train_job.spec.runtime_ref.runtime_kind() {
         Ok(kind) => kind,
-        Err(message) => return Verdict::deny(message),
+        Err(e) => return Verdict::deny(e.to_string()),
     };
     let namespace = req
         .namespace
         .as_deref()
         .unwrap_or_else(|| train_job.namespace());
     let name = &train_job.spec.runtime_ref.name;
-    let raw = object.raw_json();
+    let raw = RawJson::text(object);
     let runtime = match objects.runtime(kind, namespace, name).await {
         Ok(Some(runtime)) => runtime,
         Ok(None) => {
@@ -91,45 +79,45 @@ pub(super) async fn train_job<S: ObjectSource>(
                 aggregate(&[runtime_not_found(kind, name, &raw)]).unwrap_or_default(),
             );
         }
-        Err(e) => {
-            return Verdict::internal(format!(
-                "looking up {} {namespace}/{name}: {e}",
-                kind.as_str()
-            ));
+        Err(source) => {
+            return Verdict::Internal(InternalError::Lookup {
+                what: format!("{} {namespace}/{name}", kind.as_str()),
+                source,
+            });
         }
     };
     let errors = validate_train_job(&train_job, &raw, &runtime, kind);
-    Verdict {
-        denial: aggregate(&errors),
-        warnings: deprecation_warning(kind, &runtime)
+    Verdict::from_checks(
+        aggregate(&errors),
+        deprecation_warning(kind, &runtime)
             .into_iter()
             .chain(trainer_support_warning(&runtime))
             .collect(),
-        ..Verdict::default()
-    }
+    )
 }
 
 /// `/validate-trainer-kubeflow-org-v1alpha1-{cluster,}trainingruntime`.
-pub(super) fn runtime(
-    req: &AdmissionRequest<DynamicObject>,
-    object: &Object<'_>,
-    kind: RuntimeKind,
-) -> Verdict {
-    let runtime: TrainingRuntime = match object.read() {
+pub(super) fn runtime(req: &Request<'_>, object: &RawValue, kind: RuntimeKind) -> Verdict {
+    let runtime: TrainingRuntime = match read::object(object) {
         Ok(r) => r,
         Err(e) => return Verdict::deny(format!("{} cannot be read: {e}", kind.as_str())),
     };
     let errors = validate_runtime(
         &runtime,
-        &object.raw_json(),
+        &RawJson::text(object),
         kind,
         req.operation == Operation::Update,
     );
-    Verdict {
-        denial: aggregate(&errors),
-        warnings: trainer_support_warning(&runtime).into_iter().collect(),
-        ..Verdict::default()
-    }
+    Verdict::from_checks(
+        aggregate(&errors),
+        trainer_support_warning(&runtime).into_iter().collect(),
+    )
+}
+
+/// A JobSet as JobSet mode's rules read it (both JobSet routes), or the denial naming the field
+/// that cannot be read.
+pub(super) fn read_jobset(object: &RawValue) -> Result<JobSet, Verdict> {
+    read::object(object).map_err(|e| Verdict::deny(format!("JobSet cannot be read: {e}")))
 }
 
 /// Of the old object, only what JobSet validation compares.
@@ -141,21 +129,17 @@ struct OldMetadata {
 
 /// `/validate-jobset-x-k8s-io-v1alpha2-jobset`: JobSet mode's rules on CREATE and UPDATE, the
 /// label and annotations fixed after creation, and no label on a JobSet a TrainJob owns.
-pub(super) fn jobset(
-    req: &AdmissionRequest<DynamicObject>,
-    object: &Object<'_>,
-    old_object: Option<&Object<'_>>,
-) -> Verdict {
-    let jobset: JobSet = match object.read() {
-        Ok(j) => j,
-        Err(e) => return Verdict::deny(format!("JobSet cannot be read: {e}")),
+pub(super) fn jobset(req: &Request<'_>, object: &RawValue) -> Verdict {
+    let jobset = match read_jobset(object) {
+        Ok(jobset) => jobset,
+        Err(verdict) => return verdict,
     };
     let mut errors = Vec::new();
     if req.operation == Operation::Update {
-        let Some(old) = old_object else {
+        let Some(old) = req.old_object else {
             return Verdict::deny("request.oldObject is missing from this JobSet UPDATE review");
         };
-        match old.read::<OldMetadata>() {
+        match read::object::<OldMetadata>(old) {
             Ok(old) => errors.extend(jobset_mode::immutable_errors(
                 &old.metadata,
                 &jobset.metadata,
@@ -167,15 +151,11 @@ pub(super) fn jobset(
     match jobset_mode::mode(&jobset.metadata) {
         Mode::TrainJob(_) => errors.extend(jobset_mode::label_on_train_job_error(&jobset.metadata)),
         Mode::JobSet => {
-            let checked = jobset_mode::check(&jobset, &object.raw_json());
+            let checked = jobset_mode::check(&jobset, &RawJson::text(object));
             errors.extend(checked.errors);
             warnings = checked.warnings;
         }
         Mode::Plain => {}
     }
-    Verdict {
-        denial: aggregate(&errors),
-        warnings,
-        ..Verdict::default()
-    }
+    Verdict::from_checks(aggregate(&errors), warnings)
 }

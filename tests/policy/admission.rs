@@ -2,9 +2,12 @@
 //! in-memory object source. Exact messages, uid echo, warnings, patches and bad input.
 
 use base64::Engine;
-use mpi_webhook::admission::{BadReview, Route, review, review_projected, review_value};
-use mpi_webhook::api::RuntimeKind;
-use mpi_webhook::objects::Snapshot;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use mpi_webhook::admission::{BadReview, Route, review};
+use mpi_webhook::api::{JobSet, RuntimeKind};
+use mpi_webhook::mpi::jobset_mode::{self, Mode};
+use mpi_webhook::mpi::plan::MpiPlan;
+use mpi_webhook::objects::{ObjectSource, Snapshot};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
@@ -42,36 +45,85 @@ fn snapshot(runtimes: &[(RuntimeKind, Value)], train_jobs: &[Value]) -> Snapshot
     s
 }
 
-/// The answer `serve` gives to `body`, checked against the `review` command's ([`served`]).
+/// The answer `serve` gives to `body` ([`one_read`]).
 pub(super) async fn respond(route: Route, body: &Value, objects: &Snapshot) -> Value {
-    let bytes = serde_json::to_vec(body).expect("serializes");
-    served(route, &bytes, body.clone(), objects).await
+    one_read(route, body, objects)
+        .await
+        .expect("an AdmissionReview")
 }
 
-/// The answer `serve` gives to `bytes` (the fast typed read, or the route's projection when
-/// that does not accept them). It must equal the answer of the projection alone, and of the
-/// `review` command, which reads the whole document: `whole`, the same bytes parsed as JSON.
-async fn served(route: Route, bytes: &[u8], whole: Value, objects: &Snapshot) -> Value {
-    let served = review(route, bytes, objects)
-        .await
-        .expect("an AdmissionReview");
-    let projected = review_projected(route, bytes, objects)
-        .await
-        .expect("an AdmissionReview");
-    let whole = review_value(route, whole, objects)
-        .await
-        .expect("an AdmissionReview");
-    assert_eq!(
-        served.json(),
-        whole.json(),
-        "served and whole parse answer alike"
-    );
-    assert_eq!(
-        projected.json(),
-        whole.json(),
-        "projected and whole parse answer alike"
-    );
-    served.json()
+/// The answer to `body` (its JSON bytes, read once), or the 400's message. A patch, or a denial
+/// because the JobSet cannot be patched, must be the reference mutation's (`oracle.rs`) for the
+/// same plan, and a returned patch must apply to the object.
+async fn one_read(route: Route, body: &Value, objects: &Snapshot) -> Result<Value, BadReview> {
+    let bytes = serde_json::to_vec(body).expect("serializes");
+    let response = review(route, &bytes, objects).await?.json();
+    assert_patch_applies(body, &response);
+    if route == Route::MutateJobSet {
+        assert_the_reference_agrees(body, &response, objects).await;
+    }
+    Ok(response)
+}
+
+/// Prefix of a denial by the mutation's writer.
+const CANNOT_BE_PATCHED: &str = "JobSet cannot be patched: ";
+
+/// Checks a mutating answer that reached the JobSet writer (a patch, or a denial because the
+/// JobSet cannot be patched) against the reference mutation, for the plan made here from the
+/// review as the route makes it: from the owning TrainJob, or from the JobSet in JobSet mode.
+async fn assert_the_reference_agrees(body: &Value, response: &Value, objects: &Snapshot) {
+    let r = &response["response"];
+    let written: Result<Value, String> =
+        match (r["patch"].as_str(), r["status"]["message"].as_str()) {
+            (Some(patch), _) => {
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(patch)
+                    .expect("base64");
+                Ok(serde_json::from_slice(&bytes).expect("JSON"))
+            }
+            (None, Some(message)) if message.starts_with(CANNOT_BE_PATCHED) => {
+                Err(message[CANNOT_BE_PATCHED.len()..].to_string())
+            }
+            _ => return,
+        };
+    let object = &body["request"]["object"];
+    let metadata: ObjectMeta =
+        serde_json::from_value(object["metadata"].clone()).expect("metadata the route read");
+    let plan = match jobset_mode::mode(&metadata) {
+        Mode::TrainJob(owner) => {
+            let namespace = body["request"]["namespace"]
+                .as_str()
+                .or(metadata.namespace.as_deref())
+                .unwrap_or_default();
+            let train_job = objects
+                .train_job(namespace, &owner.name)
+                .await
+                .expect("looked up")
+                .expect("the TrainJob the route found");
+            let kind = train_job
+                .spec
+                .runtime_ref
+                .runtime_kind()
+                .expect("a runtime kind");
+            let runtime = objects
+                .runtime(kind, namespace, &train_job.spec.runtime_ref.name)
+                .await
+                .expect("looked up")
+                .expect("the runtime the route found");
+            MpiPlan::new(&train_job, &runtime)
+                .expect("a plan")
+                .expect("an MPI runtime")
+        }
+        Mode::JobSet => {
+            let jobset: JobSet = serde_json::from_value(object.clone()).expect("a JobSet");
+            MpiPlan::for_jobset(&jobset).expect("JobSet-mode settings")
+        }
+        Mode::Plain => panic!("a plain JobSet is never patched: {response}"),
+    };
+    let reference = super::oracle::enforce_mpi_policy(&plan, object)
+        .map(|ops| serde_json::to_value(ops).expect("serializes"))
+        .map_err(|e| e.to_string());
+    assert_eq!(written, reference, "the writer answers as the reference");
 }
 
 /// The JobSet Trainer creates for an MPI TrainJob with `trainer`, and the object source holding
@@ -290,11 +342,11 @@ async fn jobset_owned_by_an_mpi_trainjob_is_patched_once() {
     );
 }
 
-/// The mutate route reads a projection of the JobSet (`admission::projection`). Wherever the
-/// policy reads or writes, a value of the wrong type, a value already in place, an unknown field
-/// or a duplicate key must give the answer the whole document gives.
+/// The mutate route reads a borrowed view of the JobSet (`mpi::enforce`). Wherever the policy
+/// reads or writes, a value of the wrong type, a value already in place, an unknown field or a
+/// duplicate key must give the answer the reference mutation gives on the whole document.
 #[tokio::test]
-async fn projected_jobsets_answer_as_whole_ones() {
+async fn edited_jobsets_are_answered_as_the_reference_answers_them() {
     let (js, objects) = mpi_jobset(json!({"numNodes": 3}));
     let edits: &[(&str, Value)] = &[
         ("/spec", json!({})),
@@ -352,7 +404,7 @@ async fn projected_jobsets_answer_as_whole_ones() {
             }
             _ => panic!("{parent} is not a container in the sample JobSet"),
         }
-        // `respond` asserts that the projected and the whole parse agree.
+        // `respond` asserts that the writer and the reference agree.
         respond(
             Route::MutateJobSet,
             &admission_review(JOBSET, "CREATE", edited),
@@ -360,7 +412,7 @@ async fn projected_jobsets_answer_as_whole_ones() {
         )
         .await;
     }
-    // A duplicate key: the last one wins in both parses.
+    // A duplicate key: the last one wins, as in a JSON object (and Go's decoder).
     let body = serde_json::to_string(&admission_review(JOBSET, "CREATE", js)).expect("JSON");
     let duplicated = body.replacen(
         "\"replicatedJobs\":",
@@ -368,8 +420,12 @@ async fn projected_jobsets_answer_as_whole_ones() {
         1,
     );
     assert_ne!(body, duplicated, "the sample has replicatedJobs");
-    let whole = serde_json::from_str(&duplicated).expect("JSON");
-    let response = served(Route::MutateJobSet, duplicated.as_bytes(), whole, &objects).await;
+    let response = review(Route::MutateJobSet, duplicated.as_bytes(), &objects)
+        .await
+        .expect("an AdmissionReview")
+        .json();
+    let whole: Value = serde_json::from_str(&duplicated).expect("JSON");
+    assert_the_reference_agrees(&whole, &response, &objects).await;
     assert!(response["response"]["patch"].is_string(), "{response}");
 }
 
@@ -673,25 +729,6 @@ fn edited(value: &Value, at: &str, with: Option<&Value>) -> Value {
     edited
 }
 
-/// The three reads of `body` (serve's fast read with its fallback, the projection alone, the
-/// whole document) as `Ok(response)` or `Err(message)`; they must agree.
-async fn three_reads(route: Route, body: &Value, objects: &Snapshot) -> Result<Value, BadReview> {
-    let bytes = serde_json::to_vec(body).expect("serializes");
-    let served = review(route, &bytes, objects).await.map(|r| r.json());
-    let projected = review_projected(route, &bytes, objects)
-        .await
-        .map(|r| r.json());
-    let whole = review_value(route, body.clone(), objects)
-        .await
-        .map(|r| r.json());
-    assert_eq!(served, whole, "served and whole reads answer alike");
-    assert_eq!(projected, whole, "projected and whole reads answer alike");
-    if let Ok(response) = &whole {
-        assert_patch_applies(body, response);
-    }
-    whole
-}
-
 /// A patch the webhook returns applies to the object it was computed for: the kube-apiserver
 /// fails the user's request with an internal error otherwise (issue 18).
 fn assert_patch_applies(review: &Value, response: &Value) {
@@ -735,7 +772,7 @@ async fn an_array_where_the_pod_spec_belongs_is_denied_at_any_depth() {
         let mut body = review.clone();
         body["request"]["object"]["spec"]["replicatedJobs"][node]["template"]["spec"]["template"]
             ["spec"] = nested;
-        let response = three_reads(Route::MutateJobSet, &body, &objects)
+        let response = one_read(Route::MutateJobSet, &body, &objects)
             .await
             .expect("an AdmissionReview");
         assert_eq!(response["response"]["allowed"], false, "depth {depth}");
@@ -749,9 +786,10 @@ async fn an_array_where_the_pod_spec_belongs_is_denied_at_any_depth() {
     }
 }
 
-/// Every location of `body`, removed or replaced by a value of each JSON type, gets the same
-/// answer (or the same 400) from the three reads. Returns how many edits were answered.
-pub(super) async fn every_edit_reads_alike(
+/// Every location of `body`, removed or replaced by a value of each JSON type, is answered (or
+/// refused with a 400) without a panic, with a patch that applies, and, on the mutating route,
+/// as the reference mutation answers. Returns how many edits were answered.
+pub(super) async fn every_edit_is_answered(
     route: Route,
     body: &Value,
     objects: &Snapshot,
@@ -771,7 +809,7 @@ pub(super) async fn every_edit_reads_alike(
     let mut answered = 0;
     for at in &locations {
         for with in replacements.iter().map(Some).chain([None]) {
-            if three_reads(route, &edited(body, at, with), objects)
+            if one_read(route, &edited(body, at, with), objects)
                 .await
                 .is_ok()
             {
@@ -782,21 +820,21 @@ pub(super) async fn every_edit_reads_alike(
     answered
 }
 
-/// Differential check of the fast read and the fast mutation against the reference, over every
-/// location of a JobSet review (envelope included). It found that serde's derived structs read a
-/// JSON array as a struct, which the JobSet view must refuse.
+/// Differential check of the read and the mutation against the reference, over every location
+/// of a JobSet review (envelope included). It found that serde's derived structs read a JSON
+/// array as a struct, which the JobSet view must refuse.
 #[tokio::test]
-async fn every_edit_of_a_jobset_review_reads_alike_three_ways() {
+async fn every_edit_of_a_jobset_review_is_answered_as_the_reference_answers() {
     let (js, objects) = mpi_jobset(json!({"numNodes": 3}));
     let body = admission_review(JOBSET, "CREATE", js);
-    assert!(every_edit_reads_alike(Route::MutateJobSet, &body, &objects).await > 0);
+    assert!(every_edit_is_answered(Route::MutateJobSet, &body, &objects).await > 0);
 }
 
 /// The same over every location of a TrainJob review.
 #[tokio::test]
-async fn every_edit_of_a_trainjob_review_reads_alike_three_ways() {
+async fn every_edit_of_a_trainjob_review_is_answered() {
     let objects = snapshot(&[(RuntimeKind::TrainingRuntime, mpi_runtime())], &[]);
     let tj = train_job(json!({"numNodes": 2, "env": [{"name": "A", "value": "1"}]}));
     let body = admission_review(TRAINJOB, "CREATE", tj);
-    assert!(every_edit_reads_alike(Route::ValidateTrainJob, &body, &objects).await > 0);
+    assert!(every_edit_is_answered(Route::ValidateTrainJob, &body, &objects).await > 0);
 }

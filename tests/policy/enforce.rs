@@ -440,11 +440,11 @@ fn subdomain_and_replicas_shape_endpoint_names() {
     );
 }
 
-/// `serve` mutates a JobSet as Trainer creates it on the fast path, and leaves one that already
-/// has MPI entries (a reinvocation, a second webhook pass) to the reference; [`enforce`] checks
-/// that both give the same operations wherever the fast path answers.
+/// One writer mutates a JobSet as Trainer creates it, one already wired (a reinvocation, a second
+/// webhook pass), one missing a level and one with a value of the wrong type; [`enforce`] checks
+/// each answer against the reference (`oracle.rs`), byte for byte.
 #[test]
-fn fresh_jobsets_take_the_fast_path_and_wired_ones_the_reference() {
+fn fresh_wired_incomplete_and_wrong_jobsets_are_written_as_the_reference_writes_them() {
     let rt = runtime(
         open_mpi(Some(true)),
         vec![
@@ -455,8 +455,7 @@ fn fresh_jobsets_take_the_fast_path_and_wired_ones_the_reference() {
     let tj = train_job(json!({"numNodes": 3}));
     let plan = plan(&rt, &tj);
     let fresh = jobset(&rt, &tj);
-    let fast = |js: &Value| fast_patch(&plan, js);
-    let patch = fast(&fresh).expect("a fresh JobSet takes the fast path");
+    let patch = written_patch(&plan, &fresh).expect("patchable");
     let ops = enforce(&plan, &fresh).expect("patchable");
     assert_eq!(patch.operations, ops.len());
     assert_eq!(
@@ -488,25 +487,29 @@ fn fresh_jobsets_take_the_fast_path_and_wired_ones_the_reference() {
             .filter(|op| !op.path().to_string().contains("/template/spec/template"))
             .count();
         assert_eq!(counted, ops, "count {count}");
-        assert!(fast(&js).is_some(), "count {count} takes the fast path");
     }
 
     let wired = mutate(&plan, &fresh);
-    assert_eq!(
-        fast(&wired),
-        None,
-        "entries already there need the reference"
+    assert!(
+        enforce(&plan, &wired).expect("patchable").is_empty(),
+        "entries already there, equal: nothing to write"
     );
 
     let mut no_pod_spec = fresh.clone();
     no_pod_spec["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"] = Value::Null;
+    let ops = enforce(&plan, &no_pod_spec).expect("patchable");
     assert_eq!(
-        fast(&no_pod_spec),
-        None,
-        "a missing level needs the reference"
+        ops[2].path().to_string(),
+        "/spec/replicatedJobs/0/template/spec/template/spec",
+        "a missing level is added with the entry inside"
     );
     let mut wrong_type = fresh;
     wrong_type["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["volumes"] =
         json!("volumes");
-    assert_eq!(fast(&wrong_type), None, "a wrong type needs the reference");
+    assert_eq!(
+        enforce(&plan, &wrong_type)
+            .expect_err("not a list")
+            .to_string(),
+        r#"spec.replicatedJobs[1].template.spec.template.spec.volumes: Invalid value: "string": must be an array"#
+    );
 }

@@ -1,6 +1,6 @@
 //! JobSet mode, read like the contract's table (interface.md "JobSet mode"): one test per
-//! setting and per validation rule, with exact messages and exact patches. Every review goes
-//! through the three reads (`respond`), so the fast read and the general read answer alike.
+//! setting and per validation rule, with exact messages and exact patches. Every mutating review
+//! goes through `respond`, which checks its patch against the reference mutation (`oracle.rs`).
 
 use base64::Engine;
 use mpi_webhook::admission::Route;
@@ -11,7 +11,7 @@ use mpi_webhook::objects::Snapshot;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::admission::{JOBSET, admission_review, every_edit_reads_alike, respond};
+use super::admission::{JOBSET, admission_review, every_edit_is_answered, respond};
 use super::support::{hostfile_volume, mutate, open_mpi_env};
 
 const LABEL: &str = "mpi-webhook.io/implementation";
@@ -605,10 +605,11 @@ async fn an_unreadable_jobset_is_denied_naming_the_field() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The three reads agree on every edit of a JobSet-mode review, on both routes
+// Every edit of a JobSet-mode review is answered, on both routes, and mutated as the reference
+// mutates it
 
 #[tokio::test]
-async fn every_edit_of_a_jobset_mode_review_reads_alike_three_ways() {
+async fn every_edit_of_a_jobset_mode_review_is_answered_as_the_reference_answers() {
     let mut js = jobset(
         "Intel",
         json!({"mpi-webhook.io/container": "worker", "mpi-webhook.io/slots-per-node": "2"}),
@@ -622,9 +623,9 @@ async fn every_edit_of_a_jobset_mode_review_reads_alike_three_ways() {
     js["spec"]["network"] = json!({"subdomain": "pi"});
     let objects = Snapshot::default();
     let create = admission_review(JOBSET, "CREATE", js.clone());
-    assert!(every_edit_reads_alike(Route::MutateJobSet, &create, &objects).await > 0);
-    assert!(every_edit_reads_alike(Route::ValidateJobSet, &create, &objects).await > 0);
+    assert!(every_edit_is_answered(Route::MutateJobSet, &create, &objects).await > 0);
+    assert!(every_edit_is_answered(Route::ValidateJobSet, &create, &objects).await > 0);
     let mut update = admission_review(JOBSET, "UPDATE", js.clone());
     update["request"]["oldObject"] = js;
-    assert!(every_edit_reads_alike(Route::ValidateJobSet, &update, &objects).await > 0);
+    assert!(every_edit_is_answered(Route::ValidateJobSet, &update, &objects).await > 0);
 }

@@ -5,6 +5,7 @@ mod admission;
 mod coexistence;
 mod enforce;
 mod jobset_mode;
+mod oracle;
 mod render;
 mod ssa;
 mod support;

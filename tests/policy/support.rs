@@ -2,9 +2,7 @@
 
 use json_patch::PatchOperation;
 use mpi_webhook::api::{TrainJob, TrainingRuntime};
-use mpi_webhook::mpi::enforce::{
-    JobSetView, MutationError, PatchJson, enforce_fresh, enforce_mpi_policy,
-};
+use mpi_webhook::mpi::enforce::{JobSetView, MutationError, PatchJson, enforce_mpi_policy};
 use mpi_webhook::mpi::plan::MpiPlan;
 use serde_json::{Value, json};
 
@@ -86,31 +84,33 @@ pub fn jobset(runtime: &Value, train_job: &Value) -> Value {
     })
 }
 
-/// The JobSet mutation: the reference's answer ([`enforce_mpi_policy`]), checked against the fast
-/// path's for fresh JobSets ([`enforce_fresh`], which `serve` tries first): where that answers,
-/// it must answer alike, and it must not answer where the reference fails.
+/// The JobSet mutation as `serve` writes it, checked against the reference (`oracle.rs`): the
+/// same patch, byte for byte, or the same error. Returns the reference's operations.
 pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, MutationError> {
-    let reference = enforce_mpi_policy(plan, jobset);
-    if let Some(fresh) = fast_patch(plan, jobset) {
-        let ops = reference
-            .as_ref()
-            .expect("the fresh path answers only what the reference can");
-        let expected = PatchJson::from_operations(ops).expect("serializes");
-        assert_eq!(
-            String::from_utf8_lossy(&fresh.json),
-            String::from_utf8_lossy(&expected.json),
-            "the fresh path writes the reference's patch, byte for byte"
-        );
-        assert_eq!(fresh.operations, expected.operations);
+    let reference = super::oracle::enforce_mpi_policy(plan, jobset);
+    match (&reference, written_patch(plan, jobset)) {
+        (Ok(ops), Ok(written)) => {
+            let expected = serde_json::to_string(ops).expect("serializes");
+            assert_eq!(
+                String::from_utf8_lossy(&written.json),
+                expected,
+                "the writer writes the reference's patch, byte for byte"
+            );
+            assert_eq!(written.operations, ops.len());
+        }
+        (Err(expected), Err(written)) => assert_eq!(&written, expected),
+        (expected, written) => {
+            panic!("the writer and the reference disagree: {written:?}, not {expected:?}")
+        }
     }
     reference
 }
 
-/// The fast path's patch for `jobset`, as `serve` reads it from JSON text; `None` when the
-/// JobSet is not fresh.
-pub fn fast_patch(plan: &MpiPlan, jobset: &Value) -> Option<PatchJson> {
+/// The patch `serve` writes for `jobset`, read from its JSON text.
+pub fn written_patch(plan: &MpiPlan, jobset: &Value) -> Result<PatchJson, MutationError> {
     let text = jobset.to_string();
-    JobSetView::read(&text).and_then(|view| enforce_fresh(plan, &view))
+    let view = JobSetView::read(&text).expect("the JobSet reads");
+    enforce_mpi_policy(plan, &view)
 }
 
 /// Applies the MPI mutation and returns the patched JobSet, checking idempotence on the way.

@@ -1,11 +1,9 @@
 //! The entries the policy writes into a JobSet (C.3 to C.5), defined once as serializable types.
 //!
-//! The reference mutation turns them into `Value`s (it compares them with the user's entries and
-//! applies them to its working copy); the fresh path serializes them straight into the patch.
-//! Members are declared in the order they are written, the order of the spec.
+//! The mutation serializes each once per JobSet and writes the bytes into every operation that
+//! carries it. Members are declared in the order they are written, the order of the spec.
 
 use serde::Serialize;
-use serde_json::Value;
 
 use super::super::plan::MpiPlan;
 use super::super::{
@@ -145,9 +143,4 @@ impl<'a> Mount<'a> {
             mount_path: HOSTFILE_DIR,
         }
     }
-}
-
-/// An item as a JSON value. These types have string keys only, so serializing cannot fail.
-pub fn to_value(item: &impl Serialize) -> Value {
-    serde_json::to_value(item).unwrap_or_default()
 }

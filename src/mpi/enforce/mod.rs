@@ -1,27 +1,30 @@
-//! The JobSet mutation (spec section C: what Trainer's controller puts into the JobSet for MPI): RFC 6902 operations
-//! on the raw JobSet JSON at the paths the MPI policy owns, and nowhere else.
+//! The JobSet mutation (spec section C: what Trainer's controller puts into the JobSet for MPI):
+//! RFC 6902 operations at the paths the MPI policy owns, and nowhere else, written as the JSON
+//! the response carries.
 //!
-//! The user's object is never round-tripped through typed structs: every operation is computed
-//! against the raw JSON, so fields this crate does not model survive. Lists are upserted (volumes
-//! and env by `name`, mounts by `mountPath`): an equal entry yields no operation, a different one
-//! is replaced in place, a missing one is appended. Applying the patch and mutating again yields
-//! no operations.
-//!
-//! [`enforce_mpi_policy`] is the reference, on a `serde_json::Value`. `serve` first tries
-//! [`enforce_fresh`], which answers the common case (a JobSet as Trainer creates it, nothing of
-//! the policy's there yet) from a small borrowed view, writing the same patch bytes without a
-//! working copy; the entries both write are defined once, in `items.rs`.
+//! The JobSet is read once, borrowed, into a [`JobSetView`] of what the policy looks at; the
+//! user's object is never round-tripped through typed structs, so fields this crate does not
+//! model survive. Lists are upserted (volumes and env by `name`, mounts by `mountPath`): an
+//! entry already there with that key is read, and replaced only if it differs; a missing entry
+//! is appended; a missing list or parent object is added with the entry inside. Applying the
+//! patch and mutating again yields no operations. One writer serves TrainJob mode and JobSet
+//! mode; `tests/policy/oracle.rs` holds the reference it is checked against, on a
+//! `serde_json::Value`.
 
-mod fresh;
 mod items;
+mod view;
 
-pub use fresh::{JobSetView, Obj, PatchJson, enforce_fresh};
+pub use view::{Element, JobSetView, JsonType};
 
-use items::{EnvVar, HostfileVolume, Mount, SshAuthVolume, to_value};
+use std::borrow::Cow;
+use std::io::Write as _;
 
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
+use serde_json::value::RawValue;
+
+use items::{EnvVar, HostfileVolume, Mount, SshAuthVolume};
+use view::{Count, JobSpec, PodSpec, ReplicatedJob, Slot};
 
 use super::plan::MpiPlan;
 use super::{LAUNCHER, NODE};
@@ -38,316 +41,458 @@ pub struct MutationError {
     pub expected: &'static str,
 }
 
-/// One step of a path into the JobSet. Every member name the policy uses is a constant, so a
-/// path is a vector of small `Copy` values: building and extending one allocates once, not once
-/// per token (a mutation builds dozens of paths).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Token {
-    /// An object member.
-    Key(&'static str),
-    /// An array element.
-    Index(usize),
-    /// The end of an array (`-` in a JSON pointer): where `add` appends.
-    End,
+/// A JSON Patch (RFC 6902) as the bytes of its JSON array.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PatchJson {
+    /// The JSON array of operations.
+    pub json: Vec<u8>,
+    /// How many operations it holds.
+    pub operations: usize,
 }
 
-/// A path into the JobSet.
-type Path = Vec<Token>;
-
-fn child(base: &[Token], tokens: &[Token]) -> Path {
-    let mut path = Vec::with_capacity(base.len() + tokens.len());
-    path.extend_from_slice(base);
-    path.extend_from_slice(tokens);
-    path
-}
-
-/// `tokens` as member names.
-fn keys<const N: usize>(names: [&'static str; N]) -> [Token; N] {
-    names.map(Token::Key)
-}
-
-fn dotted(path: &[Token]) -> String {
-    let mut out = String::new();
-    for token in path {
-        match token {
-            Token::Index(i) => out.push_str(&format!("[{i}]")),
-            Token::End => out.push_str("[-]"),
-            Token::Key(key) => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-        }
-    }
-    out
-}
-
-/// The child of `value` at `token`, if there is one.
-fn step<'v>(value: &'v Value, token: &Token) -> Option<&'v Value> {
-    match (value, token) {
-        (Value::Object(map), Token::Key(key)) => map.get(*key),
-        (Value::Array(items), Token::Index(i)) => items.get(*i),
-        _ => None,
-    }
-}
-
-fn step_mut<'v>(value: &'v mut Value, token: &Token) -> Option<&'v mut Value> {
-    match (value, token) {
-        (Value::Object(map), Token::Key(key)) => map.get_mut(*key),
-        (Value::Array(items), Token::Index(i)) => items.get_mut(*i),
-        _ => None,
-    }
-}
-
-fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "\"null\"",
-        Value::Bool(_) => "\"boolean\"",
-        Value::Number(_) => "\"number\"",
-        Value::String(_) => "\"string\"",
-        Value::Array(_) => "\"array\"",
-        Value::Object(_) => "\"object\"",
-    }
-}
-
-/// Builds the operations of one replicatedJob while keeping a working copy of that replicatedJob
-/// they have been applied to, so later operations see the effect of earlier ones (indices after
-/// an append, parents created). Paths are full JobSet paths; `base` (the replicatedJob's own
-/// path, whose every level exists) is the root of the working copy. Copying one replicatedJob
-/// instead of the whole JobSet keeps the copy to what the operations can touch.
-struct Patcher {
-    base: Path,
-    doc: Value,
-    ops: Vec<PatchOperation>,
-}
-
-impl Patcher {
-    /// `path` below `base`, or `None` for a path outside the working copy (never asked for).
-    fn local<'p>(&self, path: &'p [Token]) -> Option<&'p [Token]> {
-        path.strip_prefix(self.base.as_slice())
-    }
-
-    fn get(&self, path: &[Token]) -> Option<&Value> {
-        self.local(path)?.iter().try_fold(&self.doc, step)
-    }
-
-    /// Records `add` (`replace: false`) or `replace` of `value` at `path` and applies it to the
-    /// working copy.
-    fn emit(&mut self, replace: bool, path: &[Token], value: Value) {
-        self.apply(path, &value);
-        let path = pointer(path);
-        self.ops.push(if replace {
-            PatchOperation::Replace(ReplaceOperation { path, value })
-        } else {
-            PatchOperation::Add(AddOperation { path, value })
-        });
-    }
-
-    /// Applies an operation to the working copy, walking the tokens directly (`json_patch::patch`
-    /// would re-parse and unescape the pointer and keep an undo log: most of the cost of a
-    /// mutation). Every operation targets a location checked just before (an absent or null
-    /// object member, the end of an array, an existing value), where `add` and `replace` both
-    /// set the value; were one not to apply, the working copy would only be stale for later
-    /// operations of this same pass.
-    fn apply(&mut self, path: &[Token], value: &Value) {
-        let Some(path) = self.local(path) else {
-            return;
-        };
-        let Some((last, parents)) = path.split_last() else {
-            self.doc = value.clone();
-            return;
-        };
-        let parent = parents.iter().try_fold(&mut self.doc, step_mut);
-        match (parent, last) {
-            (Some(Value::Object(map)), Token::Key(key)) => {
-                map.insert((*key).to_string(), value.clone());
-            }
-            (Some(Value::Array(items)), Token::End) => items.push(value.clone()),
-            (Some(Value::Array(items)), Token::Index(i)) => {
-                if let Some(slot) = items.get_mut(*i) {
-                    *slot = value.clone();
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Sets `path` to `value`, creating missing parent objects; no operation when equal.
-    fn set(&mut self, path: &[Token], value: Value) -> Result<(), MutationError> {
-        // The levels down to `base` exist (objects and the replicatedJobs array).
-        for depth in self.base.len()..path.len() {
-            let parent = &path[..depth];
-            let node = self.get(parent);
-            match node {
-                Some(Value::Object(map)) => {
-                    // Only member names follow objects in the paths the policy writes.
-                    let Token::Key(key) = path[depth] else {
-                        return Err(wrong_type(parent, node, "an array"));
-                    };
-                    if map.get(key).is_none_or(Value::is_null) {
-                        let nested =
-                            path[depth + 1..].iter().rev().fold(
-                                value,
-                                |inner, token| match token {
-                                    Token::Key(key) => json!({ *key: inner }),
-                                    Token::Index(_) | Token::End => json!([inner]),
-                                },
-                            );
-                        self.emit(false, &path[..=depth], nested);
-                        return Ok(());
-                    }
-                }
-                // An array only where the path indexes into one (the replicatedJobs and the
-                // lists the policy upserts into); an array where a member name follows is the
-                // wrong type, not a place to write (issue 18: a patch that would not apply).
-                Some(Value::Array(_)) if matches!(path[depth], Token::Index(_) | Token::End) => {}
-                other => return Err(wrong_type(parent, other, "an object")),
-            }
-        }
-        if self.get(path) != Some(&value) {
-            self.emit(true, path, value);
-        }
-        Ok(())
-    }
-
-    /// Upserts `item` into the list at `path`, matching entries on `key`.
-    fn upsert(&mut self, path: &[Token], key: &str, item: Value) -> Result<(), MutationError> {
-        let list = match self.get(path) {
-            None | Some(Value::Null) => return self.set(path, Value::Array(vec![item])),
-            Some(Value::Array(list)) => list,
-            other => return Err(wrong_type(path, other, "an array")),
-        };
-        match list
-            .iter()
-            .position(|entry| entry.get(key) == item.get(key))
-        {
-            Some(i) if list[i] == item => {}
-            Some(i) => {
-                let at = child(path, &[Token::Index(i)]);
-                self.emit(true, &at, item);
-            }
-            None => {
-                let at = child(path, &[Token::End]);
-                self.emit(false, &at, item);
-            }
-        }
-        Ok(())
-    }
-}
-
-/// `path` as a JSON pointer.
-fn pointer(path: &[Token]) -> PointerBuf {
-    let mut pointer = PointerBuf::new();
-    for token in path {
-        match token {
-            Token::Key(key) => pointer.push_back(*key),
-            Token::Index(i) => pointer.push_back(*i),
-            Token::End => pointer.push_back("-"),
-        }
-    }
-    pointer
-}
-
-fn wrong_type(path: &[Token], found: Option<&Value>, expected: &'static str) -> MutationError {
-    MutationError {
-        field: dotted(path),
-        found: found.map_or("\"null\"", json_type),
-        expected,
-    }
-}
-
-/// The RFC 6902 operations that give `jobset` (raw JSON) the MPI wiring of `plan`. Empty when
+/// The operations that give the JobSet read as `jobset` the MPI wiring of `plan`. Empty when
 /// the JobSet already has it.
 ///
 /// # Errors
 /// [`MutationError`] when a location the policy writes holds a value of the wrong JSON type.
 pub fn enforce_mpi_policy(
     plan: &MpiPlan,
-    jobset: &Value,
-) -> Result<Vec<PatchOperation>, MutationError> {
-    let mut ops = Vec::new();
-    let rjobs = match jobset.pointer("/spec/replicatedJobs") {
-        None | Some(Value::Null) => return Ok(Vec::new()),
-        Some(Value::Array(rjobs)) => rjobs,
-        other => {
-            return Err(wrong_type(
-                &keys(["spec", "replicatedJobs"]),
-                other,
-                "an array",
-            ));
-        }
+    jobset: &JobSetView<'_>,
+) -> Result<PatchJson, MutationError> {
+    let mut patch = Patch::new();
+    let rjobs = match &jobset.spec {
+        Slot::Present(spec) => &spec.replicated_jobs,
+        // Without a spec object there is no list of replicatedJobs to wire.
+        Slot::Missing | Slot::Wrong(_) => return Ok(patch.finish()),
     };
+    let mut path = String::with_capacity(128);
+    path.push_str("/spec/replicatedJobs");
+    let rjobs = match rjobs {
+        Slot::Missing => return Ok(patch.finish()),
+        Slot::Wrong(found) => return Err(wrong_type(&path, *found, "an array")),
+        Slot::Present(rjobs) => rjobs,
+    };
+    let items = Items::new(plan);
     for (i, rjob) in rjobs.iter().enumerate() {
-        let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
+        let Element::Object(rjob) = rjob else {
+            continue;
+        };
+        let name = rjob.name.as_deref().unwrap_or_default();
         if name != LAUNCHER && name != NODE {
             continue;
         }
-        let rjob_path = child(&keys(["spec", "replicatedJobs"]), &[Token::Index(i)]);
-        let mut patcher = Patcher {
-            base: rjob_path.clone(),
-            doc: rjob.clone(),
-            ops: Vec::new(),
-        };
-        enforce_replicated_job(&mut patcher, plan, &rjob_path, name == LAUNCHER)?;
-        ops.append(&mut patcher.ops);
+        let at = path.len();
+        push_index(&mut path, i);
+        let mut job = JobWriter::new(&mut patch, &mut path, rjob);
+        job.enforce(plan, &items, name == LAUNCHER)?;
+        path.truncate(at);
     }
-    Ok(ops)
+    Ok(patch.finish())
 }
 
-fn enforce_replicated_job(
-    patcher: &mut Patcher,
-    plan: &MpiPlan,
-    rjob_path: &[Token],
-    is_launcher: bool,
-) -> Result<(), MutationError> {
-    // C.1: the worker count, only when the TrainJob sets numNodes.
-    if let (false, Some(count)) = (is_launcher, plan.node_count) {
-        patcher.set(
-            &child(rjob_path, &keys(["template", "spec", "parallelism"])),
-            json!(count),
-        )?;
-        patcher.set(
-            &child(rjob_path, &keys(["template", "spec", "completions"])),
-            json!(count),
-        )?;
-    }
-    // C.3: volumes, by name.
-    let pod_spec = child(rjob_path, &keys(["template", "spec", "template", "spec"]));
-    let volumes = child(&pod_spec, &keys(["volumes"]));
-    patcher.upsert(&volumes, "name", to_value(&SshAuthVolume::new(plan)))?;
-    if is_launcher {
-        patcher.upsert(
-            &volumes,
-            "name",
-            to_value(&HostfileVolume::new(&plan.jobset_name)),
-        )?;
-    }
-    // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in
-    // TrainJob mode those named `node`).
-    let containers = child(&pod_spec, &keys(["containers"]));
-    let count = match patcher.get(&containers) {
-        None | Some(Value::Null) => 0,
-        Some(Value::Array(list)) => list.len(),
-        other => return Err(wrong_type(&containers, other, "an array")),
-    };
-    for c in 0..count {
-        let container = child(&containers, &[Token::Index(c)]);
-        let name = patcher
-            .get(&child(&container, &keys(["name"])))
-            .and_then(Value::as_str);
-        if !plan.wired_container.wires(c, name) {
-            continue;
+/// The entries the policy writes, each serialized once per JobSet with its key.
+struct Items {
+    ssh_volume: Item,
+    hostfile_volume: Item,
+    ssh_mount: Item,
+    hostfile_mount: Item,
+    env: Vec<Item>,
+}
+
+/// One entry: the member holding the key it is upserted by, that key, and its JSON.
+struct Item {
+    by: &'static str,
+    key: Cow<'static, str>,
+    json: Vec<u8>,
+}
+
+impl Item {
+    fn new(by: &'static str, key: impl Into<Cow<'static, str>>, entry: &impl Serialize) -> Self {
+        Self {
+            by,
+            key: key.into(),
+            // Structs of strings and integers: serializing them cannot fail.
+            json: serde_json::to_vec(entry).unwrap_or_default(),
         }
-        let mounts = child(&container, &keys(["volumeMounts"]));
-        patcher.upsert(&mounts, "mountPath", to_value(&Mount::ssh_auth(plan)))?;
+    }
+
+    /// The item as the only entry of a new list: `[item]`.
+    fn listed(&self) -> Vec<u8> {
+        let mut list = Vec::with_capacity(self.json.len() + 2);
+        list.push(b'[');
+        list.extend_from_slice(&self.json);
+        list.push(b']');
+        list
+    }
+
+    /// Whether `entry` (the user's, with this item's key) equals this item, as JSON values.
+    fn equals(&self, entry: &RawValue) -> bool {
+        let entry = serde_json::from_str::<Value>(entry.get());
+        let item = serde_json::from_slice::<Value>(&self.json);
+        matches!((entry, item), (Ok(entry), Ok(item)) if entry == item)
+    }
+}
+
+impl Items {
+    fn new(plan: &MpiPlan) -> Self {
+        let ssh_volume = SshAuthVolume::new(plan);
+        let hostfile_volume = HostfileVolume::new(&plan.jobset_name);
+        let ssh_mount = Mount::ssh_auth(plan);
+        let hostfile_mount = Mount::hostfile();
+        Self {
+            ssh_volume: Item::new("name", ssh_volume.name(), &ssh_volume),
+            hostfile_volume: Item::new("name", hostfile_volume.name(), &hostfile_volume),
+            ssh_mount: Item::new("mountPath", ssh_mount.mount_path.to_owned(), &ssh_mount),
+            hostfile_mount: Item::new(
+                "mountPath",
+                hostfile_mount.mount_path.to_owned(),
+                &hostfile_mount,
+            ),
+            env: plan
+                .implementation
+                .env_pairs(plan.slots)
+                .map(|(name, value)| Item::new("name", name, &EnvVar { name, value }))
+                .collect(),
+        }
+    }
+}
+
+/// The member names from a replicatedJob down to its pod spec: the Job template, the Job spec,
+/// the pod template, the pod spec.
+const LEVELS: [&str; 4] = ["template", "spec", "template", "spec"];
+/// How many of [`LEVELS`] lead to the Job spec, and to the pod spec.
+const JOB_SPEC: usize = 2;
+const POD_SPEC: usize = 4;
+
+/// A location's state as the operations written so far leave it.
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// Absent or `null`.
+    Missing,
+    /// An object, or an array for a list.
+    Present,
+    /// Of another JSON type.
+    Wrong(JsonType),
+}
+
+impl<T> From<&Slot<T>> for State {
+    fn from(slot: &Slot<T>) -> Self {
+        match slot {
+            Slot::Missing => State::Missing,
+            Slot::Present(_) => State::Present,
+            Slot::Wrong(found) => State::Wrong(*found),
+        }
+    }
+}
+
+/// The operations of one replicatedJob. The view tells what the JobSet holds; [`JobWriter::levels`]
+/// tracks which objects down to the pod spec exist once the operations so far are applied, so
+/// each operation is written against the JobSet as the earlier ones leave it.
+struct JobWriter<'p, 'v> {
+    patch: &'p mut Patch,
+    /// The replicatedJob's JSON pointer, extended and truncated back as operations are written.
+    path: &'p mut String,
+    levels: [State; 4],
+    /// The Job spec and the pod spec, where the JobSet has them.
+    job_spec: Option<&'v JobSpec<'v>>,
+    pod_spec: Option<&'v PodSpec<'v>>,
+}
+
+impl<'p, 'v> JobWriter<'p, 'v> {
+    fn new(patch: &'p mut Patch, path: &'p mut String, rjob: &'v ReplicatedJob<'v>) -> Self {
+        let template = &rjob.template;
+        let job_spec = present(template).map(|t| &t.spec);
+        let pod_template = job_spec.and_then(present).map(|j| &j.template);
+        let pod_spec = pod_template.and_then(present).map(|p| &p.spec);
+        let state = |slot: Option<State>| slot.unwrap_or(State::Missing);
+        Self {
+            patch,
+            path,
+            levels: [
+                State::from(template),
+                state(job_spec.map(State::from)),
+                state(pod_template.map(State::from)),
+                state(pod_spec.map(State::from)),
+            ],
+            job_spec: job_spec.and_then(present),
+            pod_spec: pod_spec.and_then(present),
+        }
+    }
+
+    fn enforce(
+        &mut self,
+        plan: &MpiPlan,
+        items: &Items,
+        is_launcher: bool,
+    ) -> Result<(), MutationError> {
+        // C.1: the worker count, only when the TrainJob sets numNodes.
+        if let (false, Some(count)) = (is_launcher, plan.node_count) {
+            let (parallelism, completions) =
+                self.job_spec.map_or((Count::Missing, Count::Missing), |j| {
+                    (j.parallelism, j.completions)
+                });
+            self.set_count("parallelism", parallelism, count)?;
+            self.set_count("completions", completions, count)?;
+        }
+        // C.3: volumes, by name.
+        let mut volumes = List::of(self.pod_spec.map(|p| &p.volumes));
+        self.upsert_below(POD_SPEC, "volumes", &mut volumes, &items.ssh_volume)?;
         if is_launcher {
-            patcher.upsert(&mounts, "mountPath", to_value(&Mount::hostfile()))?;
-            let env = child(&container, &keys(["env"]));
-            for (name, value) in plan.implementation.env_pairs(plan.slots) {
-                patcher.upsert(&env, "name", to_value(&EnvVar { name, value }))?;
+            self.upsert_below(POD_SPEC, "volumes", &mut volumes, &items.hostfile_volume)?;
+        }
+        // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in
+        // TrainJob mode those named `node`). The pod spec exists now: the volumes are in it.
+        let at = self.extend(&LEVELS);
+        self.path.push_str("/containers");
+        let containers = match self.pod_spec.map(|p| &p.containers) {
+            None | Some(Slot::Missing) => &[][..],
+            Some(Slot::Wrong(found)) => return Err(wrong_type(self.path, *found, "an array")),
+            Some(Slot::Present(containers)) => containers.as_slice(),
+        };
+        for (c, container) in containers.iter().enumerate() {
+            let (container, name) = match container {
+                Element::Object(container) => (Ok(container), container.name.as_deref()),
+                Element::Other(found) => (Err(*found), None),
+            };
+            if !plan.wired_container.wires(c, name) {
+                continue;
+            }
+            let container_at = self.path.len();
+            push_index(self.path, c);
+            let container = container.map_err(|found| wrong_type(self.path, found, "an object"))?;
+            let mut mounts = List::of(Some(&container.volume_mounts));
+            self.upsert(&mut mounts, "volumeMounts", &items.ssh_mount)?;
+            if is_launcher {
+                self.upsert(&mut mounts, "volumeMounts", &items.hostfile_mount)?;
+                let mut env = List::of(Some(&container.env));
+                for item in &items.env {
+                    self.upsert(&mut env, "env", item)?;
+                }
+            }
+            self.path.truncate(container_at);
+        }
+        self.path.truncate(at);
+        Ok(())
+    }
+
+    /// Appends `members` to the path; returns the length to truncate back to.
+    fn extend(&mut self, members: &[&str]) -> usize {
+        let at = self.path.len();
+        for member in members {
+            self.path.push('/');
+            self.path.push_str(member);
+        }
+        at
+    }
+
+    /// Makes sure the first `depth` levels exist, writing below them `member` set to `value`
+    /// (asked for only then): `true` when that is done (an `add` of the first missing level,
+    /// `value` nested inside), `false` when every level already exists.
+    fn reach(
+        &mut self,
+        depth: usize,
+        member: &str,
+        value: impl FnOnce() -> Vec<u8>,
+    ) -> Result<bool, MutationError> {
+        for level in 0..depth {
+            match self.levels[level] {
+                State::Present => {}
+                State::Wrong(found) => {
+                    let at = self.extend(&LEVELS[..=level]);
+                    let error = wrong_type(self.path, found, "an object");
+                    self.path.truncate(at);
+                    return Err(error);
+                }
+                State::Missing => {
+                    let at = self.extend(&LEVELS[..=level]);
+                    let value = value();
+                    let mut nested = Vec::with_capacity(value.len() + 64);
+                    let inner = LEVELS[level + 1..depth].iter().chain([&member]);
+                    for key in inner.clone() {
+                        write!(nested, "{{\"{key}\":").ok();
+                    }
+                    nested.extend_from_slice(&value);
+                    nested.extend(inner.map(|_| b'}'));
+                    self.patch.push("add", self.path, &nested);
+                    self.path.truncate(at);
+                    self.levels[level..depth].fill(State::Present);
+                    return Ok(true);
+                }
             }
         }
+        Ok(false)
     }
-    Ok(())
+
+    /// Sets the Job spec's `member` (parallelism or completions) to `count`.
+    fn set_count(&mut self, member: &str, current: Count, count: i64) -> Result<(), MutationError> {
+        let value = count.to_string();
+        if self.reach(JOB_SPEC, member, || value.clone().into_bytes())? {
+            return Ok(());
+        }
+        let op = match current {
+            Count::Missing => "add",
+            Count::Integer(n) if n == count => return Ok(()),
+            Count::Integer(_) | Count::Other => "replace",
+        };
+        let at = self.extend(&LEVELS[..JOB_SPEC]);
+        self.extend(&[member]);
+        self.patch.push(op, self.path, value.as_bytes());
+        self.path.truncate(at);
+        Ok(())
+    }
+
+    /// Upserts `item` into the list `member` of the level `depth` down (the pod spec).
+    fn upsert_below(
+        &mut self,
+        depth: usize,
+        member: &str,
+        list: &mut List<'_>,
+        item: &Item,
+    ) -> Result<(), MutationError> {
+        if self.reach(depth, member, || item.listed())? {
+            *list = List::Present(&[]);
+            return Ok(());
+        }
+        let at = self.extend(&LEVELS[..depth]);
+        let result = self.upsert(list, member, item);
+        self.path.truncate(at);
+        result
+    }
+
+    /// Upserts `item` into the list `member` of the object at the current path, which exists.
+    fn upsert(
+        &mut self,
+        list: &mut List<'_>,
+        member: &str,
+        item: &Item,
+    ) -> Result<(), MutationError> {
+        let at = self.extend(&[member]);
+        let result = match list {
+            List::Missing => {
+                self.patch.push("add", self.path, &item.listed());
+                *list = List::Present(&[]);
+                Ok(())
+            }
+            List::Wrong(found) => Err(wrong_type(self.path, *found, "an array")),
+            List::Present(entries) => {
+                let same_key = entries.iter().position(|entry| {
+                    view::member_string(entry, item.by).as_deref() == Some(&*item.key)
+                });
+                match same_key {
+                    Some(i) if item.equals(entries[i]) => {}
+                    Some(i) => {
+                        push_index(self.path, i);
+                        self.patch.push("replace", self.path, &item.json);
+                    }
+                    None => {
+                        self.path.push_str("/-");
+                        self.patch.push("add", self.path, &item.json);
+                    }
+                }
+                Ok(())
+            }
+        };
+        self.path.truncate(at);
+        result
+    }
+}
+
+/// A list the policy upserts into, as the operations so far leave it. Entries appended by the
+/// policy are never looked up again: the entries of one list have distinct keys (the plan
+/// refuses an SSH mount on the hostfile's path).
+#[derive(Debug, Clone, Copy)]
+enum List<'v> {
+    Missing,
+    /// The user's entries.
+    Present(&'v [&'v RawValue]),
+    Wrong(JsonType),
+}
+
+impl<'v> List<'v> {
+    fn of(slot: Option<&'v Slot<Vec<&'v RawValue>>>) -> Self {
+        match slot {
+            None | Some(Slot::Missing) => List::Missing,
+            Some(Slot::Present(entries)) => List::Present(entries),
+            Some(Slot::Wrong(found)) => List::Wrong(*found),
+        }
+    }
+}
+
+/// The value of a slot holding an object of the expected type.
+fn present<T>(slot: &Slot<T>) -> Option<&T> {
+    match slot {
+        Slot::Present(value) => Some(value),
+        Slot::Missing | Slot::Wrong(_) => None,
+    }
+}
+
+/// Operations written straight to JSON as they are found, in the layout `serde_json` gives a
+/// `json_patch::PatchOperation` (`op`, `path`, `value`).
+struct Patch {
+    json: Vec<u8>,
+    operations: usize,
+}
+
+impl Patch {
+    fn new() -> Self {
+        Self {
+            json: Vec::with_capacity(4096),
+            operations: 0,
+        }
+    }
+
+    /// Writes one operation. `path` holds member names of the policy's (no character of them
+    /// needs escaping in JSON or in a JSON pointer), indices and `-`; `value` is JSON.
+    fn push(&mut self, op: &str, path: &str, value: &[u8]) {
+        self.json
+            .push(if self.operations == 0 { b'[' } else { b',' });
+        self.json.extend_from_slice(b"{\"op\":\"");
+        self.json.extend_from_slice(op.as_bytes());
+        self.json.extend_from_slice(b"\",\"path\":\"");
+        self.json.extend_from_slice(path.as_bytes());
+        self.json.extend_from_slice(b"\",\"value\":");
+        self.json.extend_from_slice(value);
+        self.json.push(b'}');
+        self.operations += 1;
+    }
+
+    fn finish(mut self) -> PatchJson {
+        if self.operations == 0 {
+            self.json.push(b'[');
+        }
+        self.json.push(b']');
+        PatchJson {
+            json: self.json,
+            operations: self.operations,
+        }
+    }
+}
+
+/// Appends `/` and `i` to a JSON pointer.
+fn push_index(path: &mut String, i: usize) {
+    use std::fmt::Write as _;
+    write!(path, "/{i}").ok();
+}
+
+/// The error for `found` at the JSON pointer `path` where `expected` belongs, the path dotted as
+/// Kubernetes writes field paths: `spec.replicatedJobs[1].template`.
+fn wrong_type(path: &str, found: JsonType, expected: &'static str) -> MutationError {
+    let mut field = String::with_capacity(path.len() + 8);
+    for segment in path.split('/').skip(1) {
+        if segment.bytes().all(|b| b.is_ascii_digit()) {
+            field.push('[');
+            field.push_str(segment);
+            field.push(']');
+        } else {
+            if !field.is_empty() {
+                field.push('.');
+            }
+            field.push_str(segment);
+        }
+    }
+    MutationError {
+        field,
+        found: found.quoted(),
+        expected,
+    }
 }
