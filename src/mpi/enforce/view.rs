@@ -145,6 +145,60 @@ impl Name<'_> {
     }
 }
 
+/// Visits answered by the JSON type alone: each listed visit (`unit`, `none`, `bool`, `i64`,
+/// `u64`, `f64`, `str`, `seq`, `map`) goes to [`TypeOf`], which drains arrays and objects, and its
+/// answer is mapped by `$map`. A visitor lists the visits it has no other answer for.
+macro_rules! by_type {
+    ($value:ty, $map:expr; $($visit:ident)+) => {
+        $(by_type!(@$visit $value, $map);)+
+    };
+    (@unit $value:ty, $map:expr) => {
+        fn visit_unit<E: de::Error>(self) -> Result<$value, E> {
+            TypeOf.visit_unit().map($map)
+        }
+    };
+    (@none $value:ty, $map:expr) => {
+        fn visit_none<E: de::Error>(self) -> Result<$value, E> {
+            TypeOf.visit_none().map($map)
+        }
+    };
+    (@bool $value:ty, $map:expr) => {
+        fn visit_bool<E: de::Error>(self, v: bool) -> Result<$value, E> {
+            TypeOf.visit_bool(v).map($map)
+        }
+    };
+    (@i64 $value:ty, $map:expr) => {
+        fn visit_i64<E: de::Error>(self, v: i64) -> Result<$value, E> {
+            TypeOf.visit_i64(v).map($map)
+        }
+    };
+    (@u64 $value:ty, $map:expr) => {
+        fn visit_u64<E: de::Error>(self, v: u64) -> Result<$value, E> {
+            TypeOf.visit_u64(v).map($map)
+        }
+    };
+    (@f64 $value:ty, $map:expr) => {
+        fn visit_f64<E: de::Error>(self, v: f64) -> Result<$value, E> {
+            TypeOf.visit_f64(v).map($map)
+        }
+    };
+    (@str $value:ty, $map:expr) => {
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<$value, E> {
+            TypeOf.visit_str(v).map($map)
+        }
+    };
+    (@seq $value:ty, $map:expr) => {
+        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<$value, A::Error> {
+            TypeOf.visit_seq(seq).map($map)
+        }
+    };
+    (@map $value:ty, $map:expr) => {
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<$value, A::Error> {
+            TypeOf.visit_map(map).map($map)
+        }
+    };
+}
+
 impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         struct NameVisitor;
@@ -160,30 +214,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Name<'a> {
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
                 Ok(Some(Cow::Owned(v.to_owned())))
             }
-            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-                Ok(None)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-                TypeOf.visit_seq(seq).map(|_| None)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-                TypeOf.visit_map(map).map(|_| None)
-            }
+            by_type!(Option<Cow<'de, str>>, |_| None; unit none bool i64 u64 f64 seq map);
         }
         deserializer.deserialize_any(NameVisitor).map(Name)
     }
@@ -199,6 +230,15 @@ pub(super) enum Count {
     Integer(i64),
     /// Anything else (a float, a string, ...): never the count.
     Other,
+}
+
+impl Count {
+    fn of_type(found: JsonType) -> Self {
+        match found {
+            JsonType::Null => Count::Missing,
+            _ => Count::Other,
+        }
+    }
 }
 
 impl<'a> JobSetView<'a> {
@@ -342,33 +382,6 @@ impl<'de> Visitor<'de> for TypeOf {
     }
 }
 
-/// Forwards the visits of scalars to [`TypeOf`] and maps its answer.
-macro_rules! scalars_by_type {
-    ($value:ty, $map:expr) => {
-        fn visit_unit<E: de::Error>(self) -> Result<$value, E> {
-            TypeOf.visit_unit().map($map)
-        }
-        fn visit_none<E: de::Error>(self) -> Result<$value, E> {
-            TypeOf.visit_none().map($map)
-        }
-        fn visit_bool<E: de::Error>(self, v: bool) -> Result<$value, E> {
-            TypeOf.visit_bool(v).map($map)
-        }
-        fn visit_i64<E: de::Error>(self, v: i64) -> Result<$value, E> {
-            TypeOf.visit_i64(v).map($map)
-        }
-        fn visit_u64<E: de::Error>(self, v: u64) -> Result<$value, E> {
-            TypeOf.visit_u64(v).map($map)
-        }
-        fn visit_f64<E: de::Error>(self, v: f64) -> Result<$value, E> {
-            TypeOf.visit_f64(v).map($map)
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<$value, E> {
-            TypeOf.visit_str(v).map($map)
-        }
-    };
-}
-
 impl<T> Slot<T> {
     fn of_type(found: JsonType) -> Self {
         match found {
@@ -387,7 +400,7 @@ impl<'de, T: Deserialize<'de> + Shape> Deserialize<'de> for Slot<T> {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("any JSON value")
             }
-            scalars_by_type!(Slot<T>, Slot::of_type);
+            by_type!(Slot<T>, Slot::of_type; unit none bool i64 u64 f64 str);
             fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Slot<T>, A::Error> {
                 if T::ARRAY {
                     T::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(Slot::Present)
@@ -416,10 +429,7 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Element<T> {
             fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str("any JSON value")
             }
-            scalars_by_type!(Element<T>, Element::Other);
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Element<T>, A::Error> {
-                TypeOf.visit_seq(seq).map(Element::Other)
-            }
+            by_type!(Element<T>, Element::Other; unit none bool i64 u64 f64 str seq);
             fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Element<T>, A::Error> {
                 T::deserialize(de::value::MapAccessDeserializer::new(map)).map(Element::Object)
             }
@@ -443,27 +453,7 @@ impl<'de> Deserialize<'de> for Count {
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Count, E> {
                 Ok(i64::try_from(v).map_or(Count::Other, Count::Integer))
             }
-            fn visit_unit<E: de::Error>(self) -> Result<Count, E> {
-                Ok(Count::Missing)
-            }
-            fn visit_none<E: de::Error>(self) -> Result<Count, E> {
-                Ok(Count::Missing)
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<Count, E> {
-                Ok(Count::Other)
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<Count, E> {
-                Ok(Count::Other)
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<Count, E> {
-                Ok(Count::Other)
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Count, A::Error> {
-                TypeOf.visit_seq(seq).map(|_| Count::Other)
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Count, A::Error> {
-                TypeOf.visit_map(map).map(|_| Count::Other)
-            }
+            by_type!(Count, Count::of_type; unit none bool f64 str seq map);
         }
         deserializer.deserialize_any(CountVisitor)
     }
@@ -479,10 +469,7 @@ pub(super) fn member_string<'a>(entry: &'a RawValue, key: &str) -> Option<Cow<'a
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
             f.write_str("any JSON value")
         }
-        scalars_by_type!(Option<Cow<'de, str>>, |_| None);
-        fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Self::Value, A::Error> {
-            TypeOf.visit_seq(seq).map(|_| None)
-        }
+        by_type!(Option<Cow<'de, str>>, |_| None; unit none bool i64 u64 f64 str seq);
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
             let mut found = None;
             while let Some(key) = map.next_key::<Key<'de>>()? {
