@@ -203,14 +203,9 @@ impl Verdict {
 /// Why a review could not be evaluated. Logged, never sent to the client.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum InternalError {
-    /// The TrainJob or runtime could not be looked up.
-    #[error("looking up {what}: {source}")]
-    Lookup {
-        /// What was looked up, e.g. `TrainJob "default/pi"`.
-        what: String,
-        /// Why it failed.
-        source: LookupError,
-    },
+    /// The TrainJob or runtime could not be looked up (the error names which).
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
     /// JobSet-mode settings that parse gave no plan (they always give one).
     #[error("JobSet mode: no plan and no error")]
     NoPlan,

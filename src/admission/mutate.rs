@@ -99,12 +99,7 @@ async fn train_job_plan<S: ObjectSource, O>(
                 "{train_job_ref}, the controller owner of this JobSet, was not found; retry once it exists"
             )));
         }
-        Err(source) => {
-            return Err(Verdict::Internal(InternalError::Lookup {
-                what: train_job_ref,
-                source,
-            }));
-        }
+        Err(error) => return Err(Verdict::Internal(InternalError::Lookup(error))),
     };
     if train_job.uid() != owner.uid {
         return Err(Verdict::deny(format!(
@@ -127,12 +122,7 @@ async fn train_job_plan<S: ObjectSource, O>(
                 kind.as_str()
             )));
         }
-        Err(source) => {
-            return Err(Verdict::Internal(InternalError::Lookup {
-                what: format!("{} {runtime_name}", kind.as_str()),
-                source,
-            }));
-        }
+        Err(error) => return Err(Verdict::Internal(InternalError::Lookup(error))),
     };
     MpiPlan::new(&train_job, &runtime).map_err(|problem: PlanError| {
         Verdict::deny(format!(

@@ -79,12 +79,7 @@ pub(super) async fn train_job<S: ObjectSource>(
                 aggregate(&[runtime_not_found(kind, name, &raw)]).unwrap_or_default(),
             );
         }
-        Err(source) => {
-            return Verdict::Internal(InternalError::Lookup {
-                what: format!("{} {namespace}/{name}", kind.as_str()),
-                source,
-            });
-        }
+        Err(error) => return Verdict::Internal(InternalError::Lookup(error)),
     };
     let errors = validate_train_job(&train_job, &raw, &runtime, kind);
     Verdict::from_checks(

@@ -189,16 +189,19 @@ impl ClusterObjects {
         name: &str,
     ) -> Result<Option<TrainingRuntime>, LookupError> {
         self.metrics.cache_miss(kind.resource());
-        let api = match kind {
-            RuntimeKind::TrainingRuntime => {
-                Api::namespaced_with(self.client.clone(), namespace, &kind)
-            }
-            RuntimeKind::ClusterTrainingRuntime => Api::all_with(self.client.clone(), &kind),
+        let (api, what) = match kind {
+            RuntimeKind::TrainingRuntime => (
+                Api::namespaced_with(self.client.clone(), namespace, &kind),
+                format!("{} {namespace}/{name}", kind.as_str()),
+            ),
+            RuntimeKind::ClusterTrainingRuntime => (
+                Api::all_with(self.client.clone(), &kind),
+                format!("{} {name}", kind.as_str()),
+            ),
         };
-        api.get_opt(name).await.map_err(|source| LookupError::Api {
-            what: format!("{} {name:?}", kind.as_str()),
-            source,
-        })
+        api.get_opt(name)
+            .await
+            .map_err(|source| LookupError::Api { what, source })
     }
 }
 
@@ -383,14 +386,23 @@ pub(crate) mod tests {
             answer_get(&mut handle, &local, 200, runtime).await;
             let cluster = format!("{base}/clustertrainingruntimes/rt");
             answer_get(&mut handle, &cluster, 404, status(404)).await;
+            answer_get(&mut handle, &local, 500, status(500)).await;
+            answer_get(&mut handle, &cluster, 500, status(500)).await;
         });
         let local = objects.runtime(RuntimeKind::TrainingRuntime, "team", "rt");
         assert_eq!(local.await.expect("ok").expect("found").name(), "rt");
         let cluster = objects.runtime(RuntimeKind::ClusterTrainingRuntime, "team", "rt");
         assert!(cluster.await.expect("ok").is_none());
+        // A failed GET names the object in its scope.
+        let local = objects.runtime(RuntimeKind::TrainingRuntime, "team", "rt");
+        let LookupError::Api { what, .. } = local.await.expect_err("500");
+        assert_eq!(what, "TrainingRuntime team/rt");
+        let cluster = objects.runtime(RuntimeKind::ClusterTrainingRuntime, "team", "rt");
+        let LookupError::Api { what, .. } = cluster.await.expect_err("500");
+        assert_eq!(what, "ClusterTrainingRuntime rt");
         server.await.expect("script");
-        assert_eq!(misses(&metrics, "trainingruntimes"), 1);
-        assert_eq!(misses(&metrics, "clustertrainingruntimes"), 1);
+        assert_eq!(misses(&metrics, "trainingruntimes"), 2);
+        assert_eq!(misses(&metrics, "clustertrainingruntimes"), 2);
     }
 
     fn empty_list() -> Value {

@@ -23,8 +23,8 @@ pub enum LookupError {
     /// The GET that a cache miss falls back to failed.
     #[error("getting {what}: {source}")]
     Api {
-        /// The object asked for, as denials and logs name it: `TrainingRuntime "name"`,
-        /// `TrainJob namespace/name`.
+        /// The object asked for: `TrainJob namespace/name`, `TrainingRuntime namespace/name`,
+        /// `ClusterTrainingRuntime name`.
         what: String,
         /// The API server's (or the connection's) error.
         #[source]
