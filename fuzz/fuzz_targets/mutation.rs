@@ -84,30 +84,29 @@ const OWNED: &[&str] = &[
     "spec/replicatedJobs/*/template/spec/template/spec/containers/*/env",
 ];
 
-/// The tokens of an [`OWNED`] pattern.
-fn pattern(owned: &str) -> Vec<&str> {
-    owned.split('/').collect()
+/// Whether `tokens` agrees with the [`OWNED`] pattern wherever both have a token.
+fn agrees(pattern: &str, tokens: &[&str]) -> bool {
+    pattern
+        .split('/')
+        .zip(tokens)
+        .all(|(p, t)| p == *t || (p == "*" && t.parse::<usize>().is_ok()))
 }
 
-fn matches(pattern: &[&str], tokens: &[&str]) -> bool {
-    pattern
-        .iter()
-        .zip(tokens)
-        .all(|(p, t)| *p == *t || (*p == "*" && t.parse::<usize>().is_ok()))
+/// How many tokens an [`OWNED`] pattern has.
+fn depth(pattern: &str) -> usize {
+    pattern.split('/').count()
 }
 
 /// At or below a location the policy owns.
 fn owned(tokens: &[&str]) -> bool {
     OWNED
         .iter()
-        .map(|p| pattern(p))
-        .any(|p| tokens.len() >= p.len() && matches(&p, tokens))
+        .any(|p| tokens.len() >= depth(p) && agrees(p, tokens))
 }
 
 /// Above a location the policy owns: a `null` there may become the parent it creates.
 fn leads_to_owned(tokens: &[&str]) -> bool {
     OWNED
         .iter()
-        .map(|p| pattern(p))
-        .any(|p| tokens.len() < p.len() && matches(&p, tokens))
+        .any(|p| tokens.len() < depth(p) && agrees(p, tokens))
 }
