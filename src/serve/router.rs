@@ -41,9 +41,9 @@ pub const SMALL_BODY_BYTES: usize = 64 * 1024;
 
 /// Larger bodies (or bodies of unknown length) read and reviewed at once. One may hold its 7 MiB
 /// body plus, in the worst case, a `serde_json::Value` of it (an object whose denial quotes the
-/// client's JSON, made of the smallest JSON values) of about 30 times the body: some 220 MiB. Large reviews are never
-/// the apiserver's normal traffic, so one at a time is plenty, and it leaves the other core to
-/// everything else. The README states the resulting bound on memory.
+/// client's JSON, made of the smallest JSON values) of about 30 times the body: some 220 MiB.
+/// Large reviews are never the apiserver's normal traffic, so one at a time is plenty, and it
+/// leaves the other core to everything else. The README states the resulting bound on memory.
 pub const LARGE_REVIEWS_AT_ONCE: usize = 1;
 
 /// The apiserver's default webhook timeout, used when a request carries no `?timeout=`.
