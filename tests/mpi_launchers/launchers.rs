@@ -1,6 +1,6 @@
 //! The real MPI launchers the test drives, and where `scripts/install-mpi-launchers.sh` puts them.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -24,11 +24,12 @@ pub struct Launcher {
     pub source: &'static str,
 }
 
-/// The cache folder of the install script (same variable, same default).
+/// The cache folder of the install script (same variable, same default). Not under the clone: the
+/// pods' users must be able to reach it (see the script, and [`crate::prereq::missing_for`]).
 pub fn cache_dir() -> PathBuf {
     match std::env::var_os("MPI_LAUNCHERS_DIR") {
         Some(d) if !d.is_empty() => PathBuf::from(d),
-        _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("target/mpi-launchers"),
+        _ => PathBuf::from("/opt/mpi-launchers"),
     }
 }
 
@@ -110,6 +111,17 @@ impl Launcher {
                 .and_then(|l| l.split([' ', ',']).find(is_version).map(str::to_string))
         });
         number.unwrap_or_else(|| "version unknown".to_string())
+    }
+
+    /// Flags that make the launcher say how it starts its daemons, for a rerun of a failed case:
+    /// PRRTE's (Open MPI 5) and ORTE's (Open MPI 4) launch framework verbose with the daemons'
+    /// output kept, Hydra's `-verbose` (MPICH, Intel MPI).
+    pub fn diagnostic_args(&self) -> &'static [&'static str] {
+        match self.id {
+            "ompi5" => &["--prtemca", "plm_base_verbose", "5", "--debug-daemons"],
+            "ompi4" => &["--mca", "plm_base_verbose", "5", "--debug-daemons"],
+            _ => &["-verbose"],
+        }
     }
 
     /// PATH of a pod of this launcher's image: the MPI bin dir, then Debian's default.

@@ -83,6 +83,14 @@ enum Wiring {
     GroupReadableKey,
 }
 
+/// The implementations' variables for extra ssh client arguments (the launcher's env).
+const SSH_ARGS_VARS: [&str; 4] = [
+    "OMPI_MCA_plm_rsh_args",
+    "PRTE_MCA_plm_ssh_args",
+    "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS",
+    "HYDRA_LAUNCHER_EXTRA_ARGS",
+];
+
 /// ssh's complaint about a private key its group or others can read, when the key is its own.
 const UNPROTECTED_KEY: &str = "UNPROTECTED PRIVATE KEY FILE";
 
@@ -300,6 +308,32 @@ fn scenario(
         &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
         LAUNCH_TIMEOUT,
     )?;
+    // Issue 27: a launcher that fails must say why. Run it once more, verbose, with the ssh client
+    // verbose too (` -v` on every ssh-args variable the env has), and keep what it says: the
+    // rerun is diagnostics only, its result never counts.
+    let diagnostics = if out.success() || wiring == Wiring::GroupReadableKey {
+        String::new()
+    } else {
+        let mut argv = argv.clone();
+        argv.splice(1..1, l.diagnostic_args().iter().map(|a| a.to_string()));
+        let mut env = env.clone();
+        for (k, v) in &mut env {
+            if SSH_ARGS_VARS.contains(&k.as_str()) {
+                v.push_str(" -v");
+            }
+        }
+        match proc::run(
+            &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
+            LAUNCH_TIMEOUT,
+        ) {
+            Ok(o) => format!(
+                "\ndiagnostic rerun ({}, ssh -v): {}",
+                argv.join(" "),
+                o.describe()
+            ),
+            Err(e) => format!("\ndiagnostic rerun could not run: {e:#}"),
+        }
+    };
     let daemon_logs = cluster.daemon_logs();
     let launcher_host = lp.plan.hostname.clone();
     let netns_of: BTreeMap<String, String> = cluster
@@ -312,7 +346,7 @@ fn scenario(
 
     let fail = |msg: String| -> anyhow::Error {
         anyhow::anyhow!(
-            "{msg}\nlauncher env: {env:?}\nhostfile:\n{hostfile}\nlauncher: {}\nworker logs:\n{daemon_logs}",
+            "{msg}\nlauncher env: {env:?}\nhostfile:\n{hostfile}\nlauncher: {}{diagnostics}\nworker logs:\n{daemon_logs}",
             out.describe()
         )
     };

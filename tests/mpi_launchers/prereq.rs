@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::launchers::Launcher;
 use crate::proc;
+use crate::product::{ImageUser, Mode};
 
 pub const INSTALL_HINT: &str =
     "install with: sudo scripts/install-mpi-launchers.sh (Debian packages + wheels, idempotent)";
@@ -102,6 +103,73 @@ pub fn missing_for(l: &Launcher) -> Vec<String> {
             l.program.display(),
             l.source
         ));
+        return missing;
+    }
+    // Issue 27: TrainJob mode's pods run as a non-root user, and run the launcher and its daemons
+    // (prted, hydra_pmi_proxy) from its folder. A folder on that path the user cannot search (a
+    // clone under a 0700 `mktemp -d` folder) makes Open MPI 5's mpirun exit 255 in silence; ask
+    // the kernel itself, as that user, before any case runs.
+    if let Some(user) = Mode::TrainJob.image().user {
+        for path in [&l.program, &l.bin_dir] {
+            if let Err(why) = reachable_as(user, path) {
+                missing.push(format!(
+                    "{} launcher reachable by uid {}: {why} (TrainJob mode's pods run it and its \
+                     daemons as Trainer's runtimes' user); install the launchers in a folder every \
+                     user can search (MPI_LAUNCHERS_DIR, default /opt/mpi-launchers)",
+                    l.label, user.uid,
+                ));
+                break;
+            }
+        }
     }
     missing
+}
+
+/// Can `user` (its uid, its gid and the pods' fsGroup, which equals it) reach `path` and
+/// execute or search it? Asked of the kernel with `access(2)` as that user (`test -x`).
+fn reachable_as(user: ImageUser, path: &Path) -> Result<(), String> {
+    let out = proc::run(
+        Command::new("setpriv")
+            .arg(format!("--reuid={}", user.uid))
+            .arg(format!("--regid={}", user.gid))
+            .arg(format!("--groups={}", user.gid))
+            .args(["--", "test", "-x"])
+            .arg(path),
+        Duration::from_secs(20),
+    )
+    .map_err(|e| format!("could not run setpriv: {e:#}"))?;
+    if out.success() {
+        return Ok(());
+    }
+    let blocked = path
+        .ancestors()
+        .skip(1)
+        .filter_map(|d| {
+            use std::os::unix::fs::{MetadataExt, PermissionsExt};
+            let m = std::fs::metadata(d).ok()?;
+            let mode = m.permissions().mode();
+            let can = if m.uid() == user.uid {
+                mode & 0o100 != 0
+            } else if m.gid() == user.gid {
+                mode & 0o010 != 0
+            } else {
+                mode & 0o001 != 0
+            };
+            (!can).then(|| {
+                format!(
+                    "{} (mode {:o}, owner uid {})",
+                    d.display(),
+                    mode & 0o7777,
+                    m.uid()
+                )
+            })
+        })
+        .last();
+    Err(match blocked {
+        Some(dir) => format!(
+            "{} is not reachable: {dir} is not searchable",
+            path.display()
+        ),
+        None => format!("{} is not executable", path.display()),
+    })
 }
