@@ -491,6 +491,15 @@ impl Cluster {
             "echo {} > /proc/sys/kernel/hostname",
             sh_quote(&p.plan.hostname)
         );
+        // The container runtime starts the command in the container's workingDir, else the
+        // image's (none here): "/". Never the test's own directory (issue 27): the launchers pass
+        // their working directory on to the daemons they start on the workers (Hydra's proxies,
+        // PRRTE's prted), and a clone under a 0700 folder is not enterable by uid 1000.
+        let _ = writeln!(
+            s,
+            "cd {}",
+            sh_quote(container["workingDir"].as_str().unwrap_or("/"))
+        );
         match user {
             // The container runtime's switch to the container's user, after the mounts.
             Some(u) => {
@@ -533,6 +542,7 @@ impl Cluster {
         ])
         .arg(&p.init)
         .args(argv)
+        .current_dir("/")
         .env_clear()
         .env("PATH", path)
         .env("HOME", home)
