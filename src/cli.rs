@@ -28,6 +28,8 @@ pub enum Command {
     Render(RenderArgs),
     /// Write a dev CA and a serving certificate and print the base64 caBundle.
     Certs(CertsArgs),
+    /// The launcher's init container: wait until every hostfile host resolves and answers SSH.
+    Preflight(PreflightArgs),
 }
 
 /// `serve` flags.
@@ -137,4 +139,38 @@ pub struct CertsArgs {
         default_value = "127.0.0.1"
     )]
     pub ip: Vec<IpAddr>,
+}
+
+/// `preflight` flags.
+#[derive(Debug, Clone, Args)]
+#[command(
+    long_about = "Before mpirun starts: wait until every host of the hostfile resolves (this pod's own \
+name included) and every host but this pod accepts TCP on the port and greets with an SSH banner, \
+retrying with backoff until the timeout. No shell, no cluster access.",
+    after_help = "Exit status: 0 every host is ready (one line per host on stdout); 1 a host is not \
+ready at the timeout: stderr and the first line of the termination log name it and the last cause \
+seen, e.g. `pi-node-0-1.pi: no DNS answer after 300 s`; 2 a usage or hostfile error."
+)]
+pub struct PreflightArgs {
+    /// The hostfile the launcher reads (Open MPI `host slots=N` or Hydra `host:N` lines).
+    #[arg(
+        long,
+        env = "MPI_WEBHOOK_HOSTFILE",
+        default_value = "/etc/mpi/hostfile"
+    )]
+    pub hostfile: PathBuf,
+    /// The workers' sshd port.
+    #[arg(long, env = "MPI_WEBHOOK_PORT", default_value_t = 22, value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: u16,
+    /// How long to keep trying, e.g. `300s`, `5m`.
+    #[arg(long, env = "MPI_WEBHOOK_TIMEOUT", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub timeout: std::time::Duration,
+    /// Where the failure line goes for Kubernetes to show as the termination message (written
+    /// only when the file exists and is writable).
+    #[arg(
+        long,
+        env = "MPI_WEBHOOK_TERMINATION_LOG",
+        default_value = "/dev/termination-log"
+    )]
+    pub termination_log: PathBuf,
 }

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod mpi;
 pub mod objects;
 pub mod offline;
+pub mod preflight;
 pub mod raw_json;
 pub mod reconciler;
 pub mod render;

@@ -51,6 +51,9 @@ async fn main() -> Result<ExitCode> {
             println!("{}", certs::run(&args)?);
             Ok(ExitCode::SUCCESS)
         }
+        Command::Preflight(args) => Ok(ExitCode::from(
+            mpi_webhook::preflight::run(&args).await.code(),
+        )),
         Command::Reconcile(args) => {
             mpi_webhook::reconciler::run(args).await?;
             Ok(ExitCode::SUCCESS)
