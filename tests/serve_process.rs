@@ -323,9 +323,10 @@ fn peak_rss(pid: u32) -> u64 {
     kib * 1024
 }
 
-/// The README's stated bound on serve's memory under any burst of bodies: what `serve` holds
-/// idle, plus, for each of the reviews over 64 KiB it works on at once, its body and the `Value`
-/// the costliest one parses into, plus a margin for the buffers of everything still arriving.
+/// The bound on serve's memory under any burst of bodies (docs/operations.md "Bounded work"):
+/// what `serve` holds idle, plus, for each of the reviews over 64 KiB it works on at once, its
+/// body and the `Value` the costliest one parses into, plus a margin for the buffers of
+/// everything still arriving.
 const PEAK_RSS_BOUND: u64 = 384 * 1024 * 1024;
 
 /// Issue 17: 64 bodies of 7 MiB at once. The async workers keep answering `/healthz` and small

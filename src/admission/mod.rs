@@ -46,7 +46,7 @@ pub enum Verb {
 }
 
 impl Route {
-    /// Every route, in the order the README lists them.
+    /// Every route, in the order docs/operations.md lists them.
     pub const ALL: [Route; 5] = [
         Route::ValidateTrainJob,
         Route::ValidateTrainingRuntime,

@@ -11,7 +11,7 @@
 //! workers as it arrives. A body that may be larger than [`SMALL_BODY_BYTES`] waits for one of
 //! [`LARGE_REVIEWS_AT_ONCE`] permits *before* it is read, and is parsed on a blocking thread, so
 //! a burst of huge bodies neither holds more than that many in memory nor stalls `/healthz` and
-//! the small reviews behind it (README "Bounded work").
+//! the small reviews behind it (docs/operations.md "Bounded work").
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ pub const SMALL_BODY_BYTES: usize = 64 * 1024;
 /// body plus, in the worst case, a `serde_json::Value` of it (an object whose denial quotes the
 /// client's JSON, made of the smallest JSON values) of about 30 times the body: some 220 MiB.
 /// Large reviews are never the apiserver's normal traffic, so one at a time is plenty, and it
-/// leaves the other core to everything else. The README states the resulting bound on memory.
+/// leaves the other core to everything else. docs/operations.md states the bound on memory.
 pub const LARGE_REVIEWS_AT_ONCE: usize = 1;
 
 /// The apiserver's default webhook timeout, used when a request carries no `?timeout=`.
