@@ -40,22 +40,10 @@ fn read(path: &Path) -> String {
 
 /// README.md and the pages under docs/, by repository path, with their text.
 fn docs() -> Vec<(String, String)> {
-    let mut names = vec!["README.md".to_owned()];
-    let mut pages: Vec<String> = std::fs::read_dir(repo().join("docs"))
-        .expect("docs/ can be listed")
-        .flatten()
-        .map(|entry| entry.file_name().to_string_lossy().into_owned())
-        .filter(|name| name.ends_with(".md"))
-        .map(|name| format!("docs/{name}"))
-        .collect();
-    pages.sort();
-    names.extend(pages);
-    names
-        .into_iter()
-        .map(|name| {
-            let text = read(&repo().join(&name));
-            (name, text)
-        })
+    let is_page = |p: &Path| p.extension().is_some_and(|e| e == "md");
+    let readme = ("README.md".to_owned(), read(&repo().join("README.md")));
+    std::iter::once(readme)
+        .chain(sources(&["docs"], &is_page))
         .collect()
 }
 
