@@ -24,7 +24,8 @@ pub enum Command {
     Reconcile(ReconcileArgs),
     /// Offline: answer one AdmissionReview as the server would.
     Review(ReviewArgs),
-    /// Offline: print the Secret and ConfigMap the reconciler would create for each MPI TrainJob.
+    /// Offline: print the Secret, ConfigMap (and NetworkPolicy, when on) the reconciler would
+    /// create for each MPI TrainJob and JobSet-mode JobSet.
     Render(RenderArgs),
     /// Write a dev CA and a serving certificate and print the base64 caBundle.
     Certs(CertsArgs),
@@ -83,6 +84,11 @@ pub struct ReconcileArgs {
     /// Identity of this replica in the Lease (default: the host name).
     #[arg(long, env = "MPI_WEBHOOK_LEASE_HOLDER")]
     pub lease_holder: Option<String>,
+    /// Create the NetworkPolicy `<name>-mpi` (ingress only from the job's own pods) for every MPI
+    /// TrainJob, and for JobSet-mode JobSets without the `mpi-webhook.io/network-policy`
+    /// annotation.
+    #[arg(long, env = "MPI_WEBHOOK_NETWORK_POLICY_DEFAULT")]
+    pub network_policy_default: bool,
 }
 
 /// `review` arguments.
@@ -115,6 +121,9 @@ pub struct RenderArgs {
     /// YAML or JSON files.
     #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
     pub objects_dir: PathBuf,
+    /// Render the NetworkPolicy as `reconcile --network-policy-default` would create it.
+    #[arg(long, env = "MPI_WEBHOOK_NETWORK_POLICY_DEFAULT")]
+    pub network_policy_default: bool,
 }
 
 /// `certs` flags.

@@ -115,5 +115,9 @@ pub async fn review(args: &ReviewArgs) -> Result<String, OfflineError> {
 /// [`OfflineError`] when the objects cannot be read or keys cannot be generated.
 pub fn render_dir(args: &RenderArgs) -> Result<Rendered, OfflineError> {
     let snapshot = Snapshot::load_dir(&args.objects_dir)?;
-    Ok(render(&snapshot, generate_key_pair)?)
+    Ok(render(
+        &snapshot,
+        args.network_policy_default,
+        generate_key_pair,
+    )?)
 }

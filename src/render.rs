@@ -1,14 +1,19 @@
-//! `render`: the Secret and ConfigMap the reconciler would create for each MPI TrainJob and each
-//! JobSet-mode JobSet of a [`Snapshot`], as multi-document YAML. Which owners get objects, and
+//! `render`: the Secret, the ConfigMap and (when it is on) the NetworkPolicy the reconciler would
+//! create for each MPI TrainJob and each JobSet-mode JobSet of a [`Snapshot`], as multi-document
+//! YAML. Which owners get objects, and
 //! what the ConfigMap holds, is decided by [`crate::mpi::objects_for`], as in the reconciler.
 //! Pure: keys come from the given generator.
 
 use serde::Serialize;
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::mpi::Owner;
-use crate::mpi::objects_for::{Problem, hostfile_for, jobset_hostfile, runtime_ref};
+use crate::mpi::objects_for::{
+    Problem, hostfile_for, jobset_hostfile, jobset_network_policy, runtime_ref,
+    train_job_network_policy,
+};
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
 use crate::objects::Snapshot;
 
@@ -26,8 +31,8 @@ pub enum RenderError {
 /// The output of `render`.
 #[derive(Debug, Default)]
 pub struct Rendered {
-    /// Multi-document YAML: Secret then ConfigMap per MPI TrainJob, then per JobSet-mode JobSet,
-    /// each in namespace/name order.
+    /// Multi-document YAML: Secret, ConfigMap and NetworkPolicy (when on) per MPI TrainJob,
+    /// then per JobSet-mode JobSet, each in namespace/name order.
     pub yaml: String,
     /// One line per skipped TrainJob (runtime missing or unsupported) or JobSet (settings that
     /// do not parse).
@@ -45,12 +50,15 @@ fn push_document(out: &mut String, object: &impl Serialize) -> Result<(), Render
 }
 
 /// Renders every MPI TrainJob, then every JobSet-mode JobSet, of `snapshot`, generating one key
-/// pair per object with `keygen`.
+/// pair per object with `keygen`. `network_policy_default` is the reconciler's
+/// `--network-policy-default`: the NetworkPolicy of every TrainJob, and of every JobSet without
+/// the annotation.
 ///
 /// # Errors
 /// [`RenderError`] when keys cannot be generated or YAML cannot be written.
 pub fn render(
     snapshot: &Snapshot,
+    network_policy_default: bool,
     mut keygen: impl FnMut() -> Result<SshKeyPair, KeyError>,
 ) -> Result<Rendered, RenderError> {
     let mut rendered = Rendered::default();
@@ -59,15 +67,26 @@ pub fn render(
             let runtime = snapshot.get_runtime(kind, train_job.namespace(), name);
             hostfile_for(train_job, kind, runtime.as_deref())
         });
+        let objects = configmap.map(|configmap| {
+            configmap.map(|c| {
+                (
+                    c,
+                    train_job_network_policy(train_job, network_policy_default),
+                )
+            })
+        });
         push_objects(
             &mut rendered,
             Owner::from(&**train_job),
-            configmap,
+            objects,
             &mut keygen,
         )?;
     }
     for jobset in snapshot.jobsets() {
-        let configmap = jobset_hostfile(jobset);
+        let configmap = jobset_hostfile(jobset).and_then(|configmap| {
+            let policy = jobset_network_policy(jobset, network_policy_default)?;
+            Ok(configmap.map(|c| (c, policy)))
+        });
         push_objects(
             &mut rendered,
             Owner::from(&**jobset),
@@ -78,18 +97,23 @@ pub fn render(
     Ok(rendered)
 }
 
-/// Adds `owner`'s Secret and `configmap` to the YAML; nothing for an owner that gets no objects;
-/// for one that cannot have them, the problem, as `<Kind> <namespace>/<name>: <problem>`.
+/// Adds `owner`'s Secret, its ConfigMap and its NetworkPolicy (when on) to the YAML; nothing
+/// for an owner that gets no objects; for one that cannot have them, the problem, as
+/// `<Kind> <namespace>/<name>: <problem>`.
 fn push_objects(
     rendered: &mut Rendered,
     owner: Owner,
-    configmap: Result<Option<ConfigMap>, Problem>,
+    objects: Result<Option<(ConfigMap, Option<NetworkPolicy>)>, Problem>,
     keygen: &mut impl FnMut() -> Result<SshKeyPair, KeyError>,
 ) -> Result<(), RenderError> {
-    match configmap {
-        Ok(Some(configmap)) => {
+    match objects {
+        Ok(Some((configmap, policy))) => {
             push_document(&mut rendered.yaml, &ssh_secret(owner, &keygen()?))?;
-            push_document(&mut rendered.yaml, &configmap)
+            push_document(&mut rendered.yaml, &configmap)?;
+            match policy {
+                Some(policy) => push_document(&mut rendered.yaml, &policy),
+                None => Ok(()),
+            }
         }
         Ok(None) => Ok(()),
         Err(problem) => {

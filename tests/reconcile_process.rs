@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_apiserver::{
-    Authorizer, CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, JOBSETS, Key, Options, SECRETS,
-    TRAINJOBS, str_at, write_kubeconfig,
+    Authorizer, CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, JOBSETS, Key, NETWORK_POLICIES,
+    Options, SECRETS, TRAINJOBS, str_at, write_kubeconfig,
 };
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -146,18 +146,25 @@ struct Reconciler {
 
 impl Reconciler {
     fn start(cluster: &Cluster) -> Self {
+        Self::start_with(cluster, &[])
+    }
+
+    /// `mpi-webhook reconcile` with `flags` added.
+    fn start_with(cluster: &Cluster, flags: &[&str]) -> Self {
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port");
         let log = cluster.dir.path().join("reconcile.log");
         let child = Command::new(BIN)
             .args(["reconcile", "--metrics-listen", &metrics.to_string()])
+            .args(flags)
             .env("KUBECONFIG", &cluster.kubeconfig)
             .env("HOSTNAME", "test")
             .env("RUST_LOG", "info")
             .env("NO_COLOR", "1")
             .env_remove("KUBERNETES_SERVICE_HOST")
             .env_remove("MPI_WEBHOOK_LEADER_ELECT")
+            .env_remove("MPI_WEBHOOK_NETWORK_POLICY_DEFAULT")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
@@ -500,5 +507,139 @@ async fn a_jobset_mode_jobset_gets_its_objects_owned_by_the_jobset() {
         "pi-jobset-openmpi-node-0-0.pi-jobset-openmpi slots=1\n\
          pi-jobset-openmpi-node-0-1.pi-jobset-openmpi slots=1\n"
     );
+    assert_eq!(api.stats().unexpected, Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// The NetworkPolicy (issue 24)
+
+fn policy_key() -> Key {
+    ("team".into(), "pi-mpi".into())
+}
+
+/// The spec of the NetworkPolicy of the job whose JobSet is named `jobset`.
+fn policy_spec(jobset: &str) -> Value {
+    json!({"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": jobset}},
+           "policyTypes": ["Ingress"],
+           "ingress": [{"from": [{"podSelector": {
+               "matchLabels": {"jobset.sigs.k8s.io/jobset-name": jobset}}}]}]})
+}
+
+#[tokio::test]
+async fn with_the_default_on_the_network_policy_appears_owned_repaired_and_goes_with_its_owner() {
+    let cluster = cluster(Authorizer::shipped()).await;
+    let api = &cluster.api;
+    let mut reconciler = Reconciler::start_with(&cluster, &["--network-policy-default"]);
+    reconciler
+        .wait_for("the NetworkPolicy, the Secret and the ConfigMap", || {
+            api.get(NETWORK_POLICIES, &policy_key()).is_ok()
+                && api.get(SECRETS, &secret_key()).is_ok()
+                && ours_applied(api)
+        })
+        .await;
+    let policy = api.get(NETWORK_POLICIES, &policy_key()).expect("policy");
+    assert_eq!(policy["spec"], policy_spec("pi"));
+    assert_eq!(policy["metadata"]["ownerReferences"], json!([owner()]));
+    assert_eq!(
+        policy["metadata"]["labels"],
+        json!({"app.kubernetes.io/managed-by": "mpi-webhook"})
+    );
+    assert_eq!(managers(&policy), ["mpi-webhook"]);
+
+    // Somebody opens it to every pod: taken back.
+    api.merge_patch(
+        NETWORK_POLICIES,
+        policy_key(),
+        &json!({"spec": {"ingress": [{}]}}),
+        "kubectl-edit",
+    )
+    .expect("edit");
+    reconciler
+        .wait_for("the edit repaired", || {
+            api.get(NETWORK_POLICIES, &policy_key())
+                .is_ok_and(|p| p["spec"] == policy_spec("pi"))
+        })
+        .await;
+
+    // The TrainJob goes: the garbage collector takes its three objects with it.
+    let mut collected = api
+        .delete(TRAINJOBS, &("team".into(), "pi".into()))
+        .expect("TrainJob deleted");
+    collected.sort();
+    assert_eq!(
+        collected,
+        [
+            ("configmaps", configmap_key()),
+            ("networkpolicies", policy_key()),
+            ("secrets", secret_key()),
+        ]
+    );
+    assert_eq!(api.count(NETWORK_POLICIES), 0);
+    assert_eq!(api.stats().unexpected, Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn with_the_default_off_no_network_policy_is_made() {
+    let cluster = cluster(Authorizer::shipped()).await;
+    let api = &cluster.api;
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("the Secret and the ConfigMap", || {
+            api.get(SECRETS, &secret_key()).is_ok() && ours_applied(api)
+        })
+        .await;
+    resync(api, &mut reconciler, 1).await;
+    assert_eq!(api.count(NETWORK_POLICIES), 0);
+    assert_eq!(api.stats().count("apply", "networkpolicies"), 0);
+}
+
+/// JobSet mode: the annotation asks for the policy without the flag; it is owned by the
+/// JobSet and goes with it.
+#[tokio::test]
+async fn a_jobset_mode_jobset_asking_for_a_network_policy_gets_one_owned_by_it() {
+    let cluster = cluster(Authorizer::shipped()).await;
+    let api = &cluster.api;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/manifests/samples/jobset-pi-openmpi.yaml"
+    );
+    let text = std::fs::read_to_string(path).expect("sample JobSet");
+    let mut jobset = mpi_webhook::objects::dir::parse_documents(&text, false)
+        .expect("sample parses")
+        .remove(0);
+    jobset["metadata"]["annotations"]["mpi-webhook.io/network-policy"] = json!("true");
+    let created = api
+        .create(JOBSETS, None, jobset, "kubectl")
+        .expect("JobSet");
+    let owner = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+                       "name": "pi-jobset-openmpi", "uid": created["metadata"]["uid"],
+                       "controller": true, "blockOwnerDeletion": true});
+    let key: Key = ("default".into(), "pi-jobset-openmpi-mpi".into());
+    let mut reconciler = Reconciler::start(&cluster);
+    reconciler
+        .wait_for("the JobSet's NetworkPolicy", || {
+            api.get(NETWORK_POLICIES, &key).is_ok()
+        })
+        .await;
+    let policy = api.get(NETWORK_POLICIES, &key).expect("policy");
+    assert_eq!(policy["spec"], policy_spec("pi-jobset-openmpi"));
+    assert_eq!(policy["metadata"]["ownerReferences"], json!([owner]));
+    reconciler
+        .wait_for("the JobSet's ConfigMap", || {
+            api.get(
+                CONFIGMAPS,
+                &("default".into(), "pi-jobset-openmpi-mpi-hostfile".into()),
+            )
+            .is_ok()
+        })
+        .await;
+    let collected = api
+        .delete(JOBSETS, &("default".into(), "pi-jobset-openmpi".into()))
+        .expect("JobSet deleted");
+    assert!(
+        collected.contains(&("networkpolicies", key.clone())),
+        "{collected:?}"
+    );
+    assert!(api.get(NETWORK_POLICIES, &key).is_err());
     assert_eq!(api.stats().unexpected, Vec::<String>::new());
 }

@@ -30,12 +30,16 @@ pub const SSH_AUTH_MOUNT_PATH_ANNOTATION: &str = "mpi-webhook.io/ssh-auth-mount-
 pub const RUN_LAUNCHER_AS_NODE_ANNOTATION: &str = "mpi-webhook.io/run-launcher-as-node";
 /// Annotation: the name of the container to wire in both pod templates.
 pub const CONTAINER_ANNOTATION: &str = "mpi-webhook.io/container";
+/// Annotation: `true` or `false`, whether the reconciler creates the job's NetworkPolicy
+/// (issue 24); absent means the reconciler's `--network-policy-default`.
+pub const NETWORK_POLICY_ANNOTATION: &str = "mpi-webhook.io/network-policy";
 /// Every annotation JobSet mode reads; like the label, fixed once the JobSet exists.
-pub const SETTING_ANNOTATIONS: [&str; 4] = [
+pub const SETTING_ANNOTATIONS: [&str; 5] = [
     SLOTS_PER_NODE_ANNOTATION,
     SSH_AUTH_MOUNT_PATH_ANNOTATION,
     RUN_LAUNCHER_AS_NODE_ANNOTATION,
     CONTAINER_ANNOTATION,
+    NETWORK_POLICY_ANNOTATION,
 ];
 
 /// Where a JobSet's MPI policy comes from.
@@ -102,6 +106,8 @@ pub struct Settings {
     pub run_launcher_as_node: bool,
     /// The annotation's container, or each template's first.
     pub wired_container: WiredContainer,
+    /// The network-policy annotation's `true`/`false`, or `None`: the reconciler's default.
+    pub network_policy: Option<bool>,
 }
 
 /// The containers wired: the one the annotation names, else each template's first.
@@ -170,6 +176,10 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
             false
         }
     };
+    let network_policy = network_policy(metadata)
+        .map_err(|e| errors.push(*e))
+        .ok()
+        .flatten();
     match implementation {
         Some(implementation) if errors.is_empty() => Ok(Settings {
             implementation,
@@ -177,8 +187,26 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
             ssh_auth_mount_path: ssh_auth_mount_path.to_string(),
             run_launcher_as_node,
             wired_container: wired_container(metadata),
+            network_policy,
         }),
         _ => Err(errors),
+    }
+}
+
+/// The network-policy annotation: `Some(true)`, `Some(false)`, or `None` when absent.
+///
+/// # Errors
+/// An Unsupported-value field error for any other text.
+pub fn network_policy(metadata: &ObjectMeta) -> Result<Option<bool>, Box<FieldError>> {
+    match annotation(metadata, NETWORK_POLICY_ANNOTATION) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(other) => Err(Box::new(FieldError::unsupported(
+            annotation_field(NETWORK_POLICY_ANNOTATION),
+            BadValue::Str(other.to_string()),
+            &["true", "false"],
+        ))),
     }
 }
 
@@ -505,6 +533,7 @@ mod tests {
                 ssh_auth_mount_path: "/root/.ssh".into(),
                 run_launcher_as_node: false,
                 wired_container: WiredContainer::First,
+                network_policy: None,
             }
         );
     }

@@ -8,6 +8,7 @@
 //! - [`enforce`]: the JobSet mutation as RFC 6902 operations on the raw JobSet (section C).
 //! - [`hostfile`]: endpoints and the hostfile ConfigMap (section D.2, D.3).
 //! - [`ssh_secret`]: the SSH key pair (the only randomness) and the Secret (section D.1).
+//! - [`network_policy`]: the per-job NetworkPolicy that admits only the job's own pods (issue 24).
 //! - [`objects_for`]: which TrainJobs and JobSets get the Secret and ConfigMap, and the ConfigMap
 //!   (shared by the reconciler and `render`).
 //! - [`implementation`]: Open MPI, Intel MPI and MPICH as one table of data (Decision 5).
@@ -18,6 +19,7 @@ pub mod enforce;
 pub mod hostfile;
 pub mod implementation;
 pub mod jobset_mode;
+pub mod network_policy;
 pub mod objects_for;
 pub mod plan;
 pub mod ssh_secret;
@@ -99,6 +101,17 @@ pub fn mounts_over_hostfile(path: &str) -> bool {
 
 /// Largest hostfile that fits a ConfigMap (1 MiB of data, `api.MaxSecretSize`).
 pub const HOSTFILE_MAX_BYTES: u64 = 1024 * 1024;
+
+/// Label JobSet puts on every Job and pod of a JobSet: the JobSet's name. The NetworkPolicy
+/// selects the job's pods by it.
+pub const JOBSET_NAME_LABEL: &str = "jobset.sigs.k8s.io/jobset-name";
+/// Suffix of the NetworkPolicy name: `<trainjob>-mpi`.
+pub const NETWORK_POLICY_SUFFIX: &str = "-mpi";
+
+/// `<trainjob>-mpi`.
+pub fn network_policy_name(train_job: &str) -> String {
+    format!("{train_job}{NETWORK_POLICY_SUFFIX}")
+}
 
 /// `<trainjob>-mpi-ssh-auth`.
 pub fn ssh_secret_name(train_job: &str) -> String {

@@ -1,15 +1,17 @@
-//! Which owners get the MPI objects (the SSH Secret and the hostfile ConfigMap), and the
-//! ConfigMap they get: a TrainJob whose runtime has an MPI policy, a JobSet in JobSet mode. The
+//! Which owners get the MPI objects (the SSH Secret, the hostfile ConfigMap and, when it is on,
+//! the NetworkPolicy), and the ConfigMap they get: a TrainJob whose runtime has an MPI policy, a JobSet in JobSet mode. The
 //! reconciler and `render` both decide here, so they agree on which owners get objects and on
 //! every count and name.
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::field_error::aggregate;
 
 use super::hostfile::{HostfileTooLarge, hostfile_configmap};
 use super::jobset_mode::{self, Mode};
+use super::network_policy::network_policy;
 use super::plan::MpiPlan;
 
 /// Why no objects can be built for a TrainJob. The display texts are what `render` reports and
@@ -89,4 +91,29 @@ pub fn jobset_hostfile(jobset: &JobSet) -> Result<Option<ConfigMap>, Problem> {
     let plan = MpiPlan::for_jobset(jobset)
         .map_err(|errors| Problem::JobSetSettings(aggregate(&errors).unwrap_or_default()))?;
     Ok(Some(hostfile_configmap(jobset, &plan)?))
+}
+
+/// The NetworkPolicy of a TrainJob that gets objects (its [`hostfile_for`] is `Some`), when
+/// `enabled` (`--network-policy-default`: a TrainJob has no place of ours for an annotation).
+pub fn train_job_network_policy(train_job: &TrainJob, enabled: bool) -> Option<NetworkPolicy> {
+    enabled.then(|| network_policy(train_job))
+}
+
+/// The NetworkPolicy of a JobSet-mode JobSet, owned by the JobSet, when its annotation
+/// `mpi-webhook.io/network-policy` says `true`, or is absent and `default` is `true`; `None`
+/// for a JobSet not in JobSet mode.
+///
+/// # Errors
+/// [`Problem::JobSetSettings`] when the annotation is neither `true` nor `false`.
+pub fn jobset_network_policy(
+    jobset: &JobSet,
+    default: bool,
+) -> Result<Option<NetworkPolicy>, Problem> {
+    if jobset_mode::mode(&jobset.metadata) != Mode::JobSet {
+        return Ok(None);
+    }
+    let wanted = jobset_mode::network_policy(&jobset.metadata)
+        .map_err(|error| Problem::JobSetSettings(error.to_string()))?
+        .unwrap_or(default);
+    Ok(wanted.then(|| network_policy(jobset)))
 }

@@ -1,6 +1,8 @@
 //! JobSet mode in the reconciler: for every JobSet labelled `mpi-webhook.io/implementation` and
 //! not owned by a TrainJob, the Secret `<jobset>-mpi-ssh-auth` (created once) and the ConfigMap
-//! `<jobset>-mpi-hostfile` (server-side applied), both owned by the JobSet. The same steps,
+//! `<jobset>-mpi-hostfile` (server-side applied), both owned by the JobSet, and, when its
+//! `mpi-webhook.io/network-policy` annotation or `--network-policy-default` says so, the
+//! NetworkPolicy `<jobset>-mpi` (server-side applied, owned the same way). The same steps,
 //! caches, metrics and leadership checks as for TrainJobs ([`super::ensure_secret`],
 //! [`super::apply_configmap`]); only the owner and where the plan comes from differ
 //! ([`crate::mpi::objects_for::jobset_hostfile`], shared with `render`).
@@ -12,9 +14,12 @@ use kube::runtime::reflector::ObjectRef;
 
 use crate::api::JobSet;
 use crate::mpi::Owner;
-use crate::mpi::objects_for::jobset_hostfile;
+use crate::mpi::objects_for::{jobset_hostfile, jobset_network_policy};
 
-use super::{Context, Error, RETRY_MAX, Retries, Written, apply_configmap, ensure_secret, report};
+use super::{
+    Context, Error, RETRY_MAX, Retries, Written, apply_configmap, apply_network_policy,
+    ensure_secret, report,
+};
 
 /// Reason of the Warning Event on a JobSet whose objects could not be built or written.
 const FAILED_REASON: &str = "MPIResourcesCreationFailed";
@@ -89,8 +94,18 @@ async fn reconcile_children(jobset: &JobSet, ctx: &Context) -> Result<Written, E
         tracing::debug!(name = jobset.name(), "not in JobSet mode");
         return Ok(Written::default());
     };
+    let policy =
+        jobset_network_policy(jobset, ctx.network_policy_default).map_err(Error::Policy)?;
     ctx.caches_synced().await;
+    let network_policy = match policy {
+        Some(policy) => apply_network_policy(&policy, ctx).await?,
+        None => false,
+    };
     let secret = ensure_secret(&Owner::from(jobset), ctx).await?;
     let configmap = apply_configmap(&configmap, ctx).await?;
-    Ok(Written { secret, configmap })
+    Ok(Written {
+        secret,
+        configmap,
+        network_policy,
+    })
 }

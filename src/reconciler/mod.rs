@@ -9,6 +9,13 @@
 //! what the ConfigMap holds, is decided by [`crate::mpi::objects_for::hostfile_for`], the same code as
 //! `render` and the webhook's JobSet patch (all start from [`crate::mpi::plan::MpiPlan`]).
 //!
+//! With `--network-policy-default` (TrainJobs, and JobSet-mode JobSets without the
+//! `mpi-webhook.io/network-policy` annotation) or that annotation set to `true`, it also
+//! server-side applies the NetworkPolicy `<name>-mpi` (issue 24) the same way as the ConfigMap,
+//! before the Secret and the ConfigMap, so the job's pods (which wait for those two volumes)
+//! never run unprotected. A policy that is no longer wanted is left in place, never deleted:
+//! deleting a live job's isolation on a flag change is not the reconciler's to decide.
+//!
 //! [`reconcile`] and [`error_policy`] are the controller's two callbacks; [`run`] wires the
 //! watches, leader election and the probe server.
 
@@ -26,7 +33,10 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
@@ -37,9 +47,11 @@ use kube::{Api, Client, Resource};
 use tokio::sync::watch;
 
 use crate::api::TrainJob;
-use crate::mpi::objects_for::{Problem, hostfile_for, runtime_ref};
+use crate::mpi::objects_for::{Problem, hostfile_for, runtime_ref, train_job_network_policy};
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
-use crate::mpi::{HOSTFILE_NAME, MANAGER, Owner, hostfile_configmap_name, ssh_secret_name};
+use crate::mpi::{
+    HOSTFILE_NAME, MANAGER, Owner, hostfile_configmap_name, network_policy_name, ssh_secret_name,
+};
 use crate::objects::cluster::ClusterObjects;
 use crate::objects::{LookupError, ObjectSource};
 
@@ -84,6 +96,9 @@ pub enum Error {
     /// Server-side apply of the ConfigMap failed.
     #[error("failed to apply the hostfile ConfigMap: {0}")]
     ApplyConfigMap(#[source] kube::Error),
+    /// Server-side apply of the NetworkPolicy failed.
+    #[error("failed to apply the NetworkPolicy: {0}")]
+    ApplyNetworkPolicy(#[source] kube::Error),
     /// Reading Kubeflow Trainer's ConfigMap after a conflict failed.
     #[error("failed to get the hostfile ConfigMap: {0}")]
     GetConfigMap(#[source] kube::Error),
@@ -106,6 +121,7 @@ impl Error {
             Error::Keys(_) => "keys",
             Error::CreateSecret(_) => "create_secret",
             Error::ApplyConfigMap(_) => "apply_configmap",
+            Error::ApplyNetworkPolicy(_) => "apply_networkpolicy",
             Error::GetConfigMap(_) => "get_configmap",
             Error::HostfileConflict(_) => "hostfile_conflict",
             Error::NotLeader => "not_leader",
@@ -174,6 +190,8 @@ pub struct Written {
     pub secret: bool,
     /// The ConfigMap was applied (created, changed or repaired).
     pub configmap: bool,
+    /// The NetworkPolicy was applied (created, changed or repaired).
+    pub network_policy: bool,
 }
 
 /// Everything a reconcile needs. One per leadership term (the caches belong to its watches).
@@ -198,6 +216,12 @@ pub struct Context {
     caches_ready: Shared<BoxFuture<'static, ()>>,
     /// ConfigMaps applied but not yet seen again by the ConfigMap watch.
     applied: Arc<AppliedConfigMaps>,
+    /// The NetworkPolicies we applied (label-selected).
+    network_policies: Store<NetworkPolicy>,
+    /// NetworkPolicies applied but not yet seen again by their watch.
+    applied_policies: Arc<Applied<NetworkPolicy>>,
+    /// `--network-policy-default`.
+    network_policy_default: bool,
 }
 
 impl Context {
@@ -214,17 +238,8 @@ impl Context {
         leader: watch::Receiver<bool>,
         keygen: fn() -> Result<SshKeyPair, KeyError>,
     ) -> Self {
-        let caches_ready = {
-            let (secrets, configmaps, objects) =
-                (secrets.clone(), configmaps.clone(), objects.clone());
-            async move {
-                let _ = secrets.wait_until_ready().await;
-                let _ = configmaps.wait_until_ready().await;
-                let _ = objects.synced().await;
-            }
-            .boxed()
-            .shared()
-        };
+        let network_policies = ready_empty_store();
+        let caches_ready = caches_ready(&secrets, &configmaps, &network_policies, &objects);
         Self {
             client,
             objects,
@@ -237,7 +252,25 @@ impl Context {
             keygen,
             caches_ready,
             applied: Arc::default(),
+            network_policies,
+            applied_policies: Arc::default(),
+            network_policy_default: false,
         }
+    }
+
+    /// The same context with a cache of our NetworkPolicies and `--network-policy-default`
+    /// (without it: an empty cache and `false`).
+    #[must_use]
+    pub fn with_network_policies(mut self, store: Store<NetworkPolicy>, default: bool) -> Self {
+        self.caches_ready = caches_ready(&self.secrets, &self.configmaps, &store, &self.objects);
+        self.network_policies = store;
+        self.network_policy_default = default;
+        self
+    }
+
+    /// What the NetworkPolicy watch must be shown, as [`Self::applied_configmaps`].
+    pub fn applied_network_policies(&self) -> Arc<Applied<NetworkPolicy>> {
+        Arc::clone(&self.applied_policies)
     }
 
     /// What the ConfigMap watch must be shown (every event, after the cache applied it), so
@@ -290,6 +323,40 @@ impl Context {
     }
 }
 
+/// One future that resolves once every cache holds its initial list (see `caches_ready`).
+fn caches_ready(
+    secrets: &Store<PartialObjectMeta<Secret>>,
+    configmaps: &Store<ConfigMap>,
+    network_policies: &Store<NetworkPolicy>,
+    objects: &ClusterObjects,
+) -> Shared<BoxFuture<'static, ()>> {
+    let (secrets, configmaps, network_policies, objects) = (
+        secrets.clone(),
+        configmaps.clone(),
+        network_policies.clone(),
+        objects.clone(),
+    );
+    async move {
+        let _ = secrets.wait_until_ready().await;
+        let _ = configmaps.wait_until_ready().await;
+        let _ = network_policies.wait_until_ready().await;
+        let _ = objects.synced().await;
+    }
+    .boxed()
+    .shared()
+}
+
+/// A store that is empty and ready (its writer saw a complete, empty list).
+fn ready_empty_store<K>() -> Store<K>
+where
+    K: Resource<DynamicType = ()> + Clone + 'static,
+{
+    let mut writer = kube::runtime::reflector::store::Writer::<K>::new(());
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    writer.as_reader()
+}
+
 /// Per-object (TrainJob, or JobSet in JobSet mode) retry counters for exponential backoff;
 /// reset by a successful reconcile.
 #[derive(Debug)]
@@ -322,7 +389,8 @@ impl<K: std::hash::Hash + Eq> Retries<K> {
     }
 }
 
-/// The ConfigMaps this replica applied since the ConfigMap watch last said anything about them.
+/// The objects (ConfigMaps, NetworkPolicies) this replica applied since their watch last said
+/// anything about them.
 ///
 /// Without it, a reconcile that runs after an apply but before the watch event of that apply
 /// reaches the cache applies the same ConfigMap again and publishes a second `Created` Event.
@@ -333,20 +401,30 @@ impl<K: std::hash::Hash + Eq> Retries<K> {
 /// removed by any watch event for that ConfigMap (an edit, a deletion, or our own apply
 /// arriving); a relist, which may have missed deletions, removes them all. So a change by
 /// anybody else still reaches the cache, removes the entry and is repaired as before.
-#[derive(Debug, Default)]
-pub struct AppliedConfigMaps(Mutex<HashMap<ObjectRef<ConfigMap>, ConfigMap>>);
+/// The same holds for the NetworkPolicy ([`Applied`] of each kind).
+#[derive(Debug)]
+pub struct Applied<K: Resource<DynamicType = ()>>(Mutex<HashMap<ObjectRef<K>, K>>);
 
-impl AppliedConfigMaps {
+/// The ConfigMaps this replica applied (see [`Applied`]).
+pub type AppliedConfigMaps = Applied<ConfigMap>;
+
+impl<K: Resource<DynamicType = ()>> Default for Applied<K> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + PartialEq> Applied<K> {
     /// Bound on remembered ConfigMaps (an apply that changes nothing has no event to remove
     /// its entry). Forgetting costs at most one more apply each.
     const MAX_ENTRIES: usize = 10_000;
 
-    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<ConfigMap>, ConfigMap>> {
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<K>, K>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records `desired` as about to be applied.
-    fn expect(&self, key: ObjectRef<ConfigMap>, desired: &ConfigMap) {
+    fn expect(&self, key: ObjectRef<K>, desired: &K) {
         let mut entries = self.entries();
         if entries.len() >= Self::MAX_ENTRIES {
             entries.clear();
@@ -355,21 +433,21 @@ impl AppliedConfigMaps {
     }
 
     /// Whether `desired` is what we last applied and the watch has said nothing since.
-    fn holds(&self, key: &ObjectRef<ConfigMap>, desired: &ConfigMap) -> bool {
+    fn holds(&self, key: &ObjectRef<K>, desired: &K) -> bool {
         self.entries().get(key) == Some(desired)
     }
 
-    fn forget(&self, key: &ObjectRef<ConfigMap>) {
+    fn forget(&self, key: &ObjectRef<K>) {
         self.entries().remove(key);
     }
 
-    /// Follows the ConfigMap watch (after its cache applied `event`).
-    pub fn observe(&self, event: &watcher::Event<ConfigMap>) {
+    /// Follows the object's watch (after its cache applied `event`).
+    pub fn observe(&self, event: &watcher::Event<K>) {
         match event {
-            watcher::Event::Apply(configmap)
-            | watcher::Event::Delete(configmap)
-            | watcher::Event::InitApply(configmap) => {
-                self.forget(&ObjectRef::from_obj(configmap));
+            watcher::Event::Apply(object)
+            | watcher::Event::Delete(object)
+            | watcher::Event::InitApply(object) => {
+                self.forget(&ObjectRef::from_obj(object));
             }
             watcher::Event::Init => self.entries().clear(),
             watcher::Event::InitDone => {}
@@ -448,18 +526,36 @@ pub fn error_policy(train_job: Arc<TrainJob>, error: &Error, ctx: Arc<Context>) 
     Action::requeue(delay)
 }
 
-/// The note of the `Created` Event for the objects of the TrainJob or JobSet named `owner`.
+/// The note of the `Created` Event for the objects of the TrainJob or JobSet named `owner`, in
+/// the order they were written: `Applied NetworkPolicy <owner>-mpi, created Secret … and applied
+/// ConfigMap …`.
 fn written_note(owner: &str, written: Written) -> Option<String> {
-    let secret = ssh_secret_name(owner);
-    let configmap = hostfile_configmap_name(owner);
-    match (written.secret, written.configmap) {
-        (true, true) => Some(format!(
-            "Created Secret {secret} and applied ConfigMap {configmap}"
-        )),
-        (true, false) => Some(format!("Created Secret {secret}")),
-        (false, true) => Some(format!("Applied ConfigMap {configmap}")),
-        (false, false) => None,
-    }
+    let parts: Vec<String> = [
+        (
+            written.network_policy,
+            format!("applied NetworkPolicy {}", network_policy_name(owner)),
+        ),
+        (
+            written.secret,
+            format!("created Secret {}", ssh_secret_name(owner)),
+        ),
+        (
+            written.configmap,
+            format!("applied ConfigMap {}", hostfile_configmap_name(owner)),
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(written, part)| written.then_some(part))
+    .collect();
+    let (last, rest) = parts.split_last()?;
+    let note = if rest.is_empty() {
+        last.clone()
+    } else {
+        format!("{} and {last}", rest.join(", "))
+    };
+    let mut chars = note.chars();
+    let first = chars.next()?;
+    Some(first.to_uppercase().chain(chars).collect())
 }
 
 async fn reconcile_children(train_job: &TrainJob, ctx: &Context) -> Result<Written, Error> {
@@ -476,10 +572,18 @@ async fn reconcile_children(train_job: &TrainJob, ctx: &Context) -> Result<Writt
         return Ok(Written::default());
     };
     ctx.caches_synced().await;
+    let network_policy = match train_job_network_policy(train_job, ctx.network_policy_default) {
+        Some(policy) => apply_network_policy(&policy, ctx).await?,
+        None => false,
+    };
     // Upstream order (spec D): a Secret GET error emits nothing, not even the ConfigMap.
     let secret = ensure_secret(&Owner::from(train_job), ctx).await?;
     let configmap = apply_configmap(&configmap, ctx).await?;
-    Ok(Written { secret, configmap })
+    Ok(Written {
+        secret,
+        configmap,
+        network_policy,
+    })
 }
 
 /// Creates `owner`'s Secret unless the cache or a GET shows it exists; keys are generated only
@@ -520,40 +624,95 @@ async fn ensure_secret(owner: &Owner, ctx: &Context) -> Result<bool, Error> {
     }
 }
 
-/// Server-side applies the ConfigMap unless the cached one already has every field we own, or
-/// we applied exactly this one and the watch has not shown it yet ([`AppliedConfigMaps`]).
+/// An object the reconciler server-side applies, and how to tell that it is already in place.
+trait Owned:
+    Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + PartialEq
+    + std::fmt::Debug
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+    /// The `object` label of `writes_total`.
+    const OBJECT: &'static str;
+
+    /// Whether applying `desired` would change nothing in `cached`.
+    fn in_place(cached: &Self, desired: &Self) -> bool;
+}
+
+impl Owned for ConfigMap {
+    const OBJECT: &'static str = "configmap";
+
+    fn in_place(cached: &Self, desired: &Self) -> bool {
+        applied(cached, desired)
+    }
+}
+
+impl Owned for NetworkPolicy {
+    const OBJECT: &'static str = "networkpolicy";
+
+    /// Our metadata is there and the spec is ours. Its lists (`policyTypes`, `ingress`) are
+    /// atomic for server-side apply, so any other value in them is drift.
+    fn in_place(cached: &Self, desired: &Self) -> bool {
+        metadata_in_place(&cached.metadata, &desired.metadata) && cached.spec == desired.spec
+    }
+}
+
+/// Why [`apply_owned`] wrote nothing.
+enum Refused {
+    /// Kubeflow Trainer's manager holds fields with other values: never forced (Decision 16).
+    Trainer {
+        conflicts: Vec<conflict::FieldConflict>,
+        error: kube::Error,
+    },
+    /// The API server refused the apply.
+    Api(kube::Error),
+    /// This replica is no longer the leader.
+    NotLeader,
+}
+
+/// Server-side applies `desired` unless the cached one (in `cache`) already has every field we
+/// own, or we applied exactly this one and the watch has not shown it yet ([`Applied`]).
 /// Returns whether it applied.
 ///
 /// The apply is sent without `force`. When another manager holds a field with another value the
 /// API server refuses it (409): if none of those managers is Kubeflow Trainer's, the apply is
 /// sent again with `force`, which takes the fields over (a `kubectl edit` is repaired); if one is,
-/// nothing is written and the conflict is returned ([`Error::HostfileConflict`]).
-async fn apply_configmap(desired: &ConfigMap, ctx: &Context) -> Result<bool, Error> {
-    let namespace = desired.metadata.namespace.as_deref().unwrap_or_default();
-    let name = desired.metadata.name.as_deref().unwrap_or_default();
+/// nothing is written ([`Refused::Trainer`]).
+async fn apply_owned<K: Owned>(
+    desired: &K,
+    cache: &Store<K>,
+    applied: &Applied<K>,
+    ctx: &Context,
+) -> Result<bool, Refused> {
+    let namespace = desired.meta().namespace.as_deref().unwrap_or_default();
+    let name = desired.meta().name.as_deref().unwrap_or_default();
     let key = ObjectRef::new(name).within(namespace);
-    if ctx
-        .configmaps
+    if cache
         .get(&key)
-        .is_some_and(|cached| applied(&cached, desired))
-        || ctx.applied.holds(&key, desired)
+        .is_some_and(|cached| K::in_place(&cached, desired))
+        || applied.holds(&key, desired)
     {
         return Ok(false);
     }
-    ctx.ensure_leader()?;
+    ctx.ensure_leader().map_err(|_| Refused::NotLeader)?;
     // Before sending: the watch event of this apply may arrive before its response.
-    ctx.applied.expect(key.clone(), desired);
-    let result = apply_with(desired, ctx, false).await;
-    let result = match result {
+    applied.expect(key.clone(), desired);
+    let result = match apply_with(desired, ctx, false).await {
         Err(kube::Error::Api(status)) => match conflict::apply_conflicts(&status) {
             Some(conflicts) if conflicts.iter().any(|c| c.manager == TRAINER_MANAGER) => {
-                ctx.applied.forget(&key);
-                return Err(trainer_conflict(desired, conflicts, ctx).await);
+                applied.forget(&key);
+                let error = kube::Error::Api(status);
+                return Err(Refused::Trainer { conflicts, error });
             }
             Some(conflicts) => {
                 tracing::info!(
                     namespace,
                     name,
+                    kind = K::OBJECT,
                     ?conflicts,
                     "taking over fields others changed"
                 );
@@ -564,19 +723,44 @@ async fn apply_configmap(desired: &ConfigMap, ctx: &Context) -> Result<bool, Err
         other => other,
     };
     if let Err(error) = result {
-        ctx.applied.forget(&key);
-        return Err(Error::ApplyConfigMap(error));
+        applied.forget(&key);
+        return Err(Refused::Api(error));
     }
-    ctx.metrics.write("configmap");
+    ctx.metrics.write(K::OBJECT);
     Ok(true)
 }
 
-async fn apply_with(desired: &ConfigMap, ctx: &Context, force: bool) -> Result<(), kube::Error> {
-    let namespace = desired.metadata.namespace.as_deref().unwrap_or_default();
-    let name = desired.metadata.name.as_deref().unwrap_or_default();
+/// Applies the hostfile ConfigMap ([`apply_owned`]); a conflict with Kubeflow Trainer's manager
+/// is [`Error::HostfileConflict`].
+async fn apply_configmap(desired: &ConfigMap, ctx: &Context) -> Result<bool, Error> {
+    match apply_owned(desired, &ctx.configmaps, &ctx.applied, ctx).await {
+        Ok(applied) => Ok(applied),
+        Err(Refused::Trainer { conflicts, .. }) => {
+            Err(trainer_conflict(desired, conflicts, ctx).await)
+        }
+        Err(Refused::Api(error)) => Err(Error::ApplyConfigMap(error)),
+        Err(Refused::NotLeader) => Err(Error::NotLeader),
+    }
+}
+
+/// Applies the NetworkPolicy ([`apply_owned`]). Kubeflow Trainer makes none; should its manager
+/// hold fields of ours anyway, it is not forced over either, and the refusal is the error.
+async fn apply_network_policy(desired: &NetworkPolicy, ctx: &Context) -> Result<bool, Error> {
+    match apply_owned(desired, &ctx.network_policies, &ctx.applied_policies, ctx).await {
+        Ok(applied) => Ok(applied),
+        Err(Refused::Trainer { error, .. } | Refused::Api(error)) => {
+            Err(Error::ApplyNetworkPolicy(error))
+        }
+        Err(Refused::NotLeader) => Err(Error::NotLeader),
+    }
+}
+
+async fn apply_with<K: Owned>(desired: &K, ctx: &Context, force: bool) -> Result<(), kube::Error> {
+    let namespace = desired.meta().namespace.as_deref().unwrap_or_default();
+    let name = desired.meta().name.as_deref().unwrap_or_default();
     let mut params = PatchParams::apply(MANAGER);
     params.force = force;
-    Api::<ConfigMap>::namespaced(ctx.client.clone(), namespace)
+    Api::<K>::namespaced(ctx.client.clone(), namespace)
         .patch(name, &params, &Patch::Apply(desired))
         .await
         .map(drop)
@@ -623,26 +807,26 @@ async fn trainer_conflict(
 /// we set is present with our value. Keys others added are not ours to remove (server-side
 /// apply keeps them too), so they do not count as drift.
 fn applied(cached: &ConfigMap, desired: &ConfigMap) -> bool {
-    fn contains<K: Ord, V: PartialEq>(
-        have: Option<&std::collections::BTreeMap<K, V>>,
-        want: Option<&std::collections::BTreeMap<K, V>>,
-    ) -> bool {
-        want.into_iter()
-            .flatten()
-            .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
-    }
-    let owners = cached
-        .metadata
-        .owner_references
-        .as_deref()
-        .unwrap_or_default();
     contains(cached.data.as_ref(), desired.data.as_ref())
-        && contains(
-            cached.metadata.labels.as_ref(),
-            desired.metadata.labels.as_ref(),
-        )
+        && metadata_in_place(&cached.metadata, &desired.metadata)
+}
+
+/// Every entry of `want` is in `have` with the same value.
+fn contains<K: Ord, V: PartialEq>(
+    have: Option<&std::collections::BTreeMap<K, V>>,
+    want: Option<&std::collections::BTreeMap<K, V>>,
+) -> bool {
+    want.into_iter()
+        .flatten()
+        .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+}
+
+/// Every label and owner reference we set is present with our value (others' additions are
+/// not ours to remove, so they are not drift).
+fn metadata_in_place(cached: &ObjectMeta, desired: &ObjectMeta) -> bool {
+    let owners = cached.owner_references.as_deref().unwrap_or_default();
+    contains(cached.labels.as_ref(), desired.labels.as_ref())
         && desired
-            .metadata
             .owner_references
             .iter()
             .flatten()

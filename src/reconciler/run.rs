@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -76,6 +77,8 @@ pub(super) struct Shared {
     pub(super) recorder: Recorder,
     pub(super) metrics: ReconcileMetrics,
     pub(super) cache_metrics: CacheMetrics,
+    /// `--network-policy-default`.
+    pub(super) network_policy_default: bool,
 }
 
 /// Runs `mpi-webhook reconcile` until SIGTERM / Ctrl-C: probes on `--metrics-listen`, and the
@@ -97,6 +100,7 @@ pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
         recorder: Recorder::new(client.clone(), reporter(&settings.holder)),
         metrics: ReconcileMetrics::register(&mut registry),
         cache_metrics: CacheMetrics::register(&mut registry),
+        network_policy_default: args.network_policy_default,
         client,
     };
     let probes = Probes::new(registry);
@@ -244,8 +248,8 @@ where
 }
 
 /// The JobSet-mode controller: JobSets carrying the label (selected by the API server, so no
-/// other JobSet is cached), triggered again by our labelled Secrets (metadata only) and
-/// ConfigMaps they own. It shares the TrainJob controller's context, caches included; these
+/// other JobSet is cached), triggered again by our labelled Secrets (metadata only),
+/// ConfigMaps and NetworkPolicies they own. It shares the TrainJob controller's context, caches included; these
 /// watches only map owned objects to their JobSet.
 fn jobset_controller(client: &Client) -> Controller<JobSet> {
     let owned = watcher::Config::default().labels(&managed_selector());
@@ -258,17 +262,18 @@ fn jobset_controller(client: &Client) -> Controller<JobSet> {
         Api::<PartialObjectMeta<Secret>>::all(client.clone()),
         owned.clone(),
     )
-    .owns(Api::<ConfigMap>::all(client.clone()), owned)
+    .owns(Api::<ConfigMap>::all(client.clone()), owned.clone())
+    .owns(Api::<NetworkPolicy>::all(client.clone()), owned)
 }
 
-/// The label selector of everything the reconciler creates, so its Secret and ConfigMap
-/// watches never see (or cache) anybody else's.
+/// The label selector of everything the reconciler creates, so its Secret, ConfigMap and
+/// NetworkPolicy watches never see (or cache) anybody else's.
 pub fn managed_selector() -> String {
     format!("{MANAGED_BY_LABEL}={MANAGER}")
 }
 
 /// Builds the controller and its context: TrainJobs drive it; our labelled Secrets (metadata
-/// only) and ConfigMaps trigger their owner; a changed runtime triggers the TrainJobs using it.
+/// only), ConfigMaps and NetworkPolicies trigger their owner; a changed runtime triggers the TrainJobs using it.
 fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<TrainJob>, Context) {
     let (client, metrics) = (&shared.client, &shared.cache_metrics);
     let owned = watcher::Config::default().labels(&managed_selector());
@@ -278,6 +283,8 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
     let secrets_store = secrets.as_reader();
     let configmaps = Writer::<ConfigMap>::new(());
     let configmaps_store = configmaps.as_reader();
+    let policies = Writer::<NetworkPolicy>::new(());
+    let policies_store = policies.as_reader();
     let (local_store, local_stream) = runtimes(client, RuntimeKind::TrainingRuntime, metrics);
     let (cluster_store, cluster_stream) =
         runtimes(client, RuntimeKind::ClusterTrainingRuntime, metrics);
@@ -297,7 +304,8 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
         shared.metrics.clone(),
         leader,
         generate_key_pair,
-    );
+    )
+    .with_network_policies(policies_store, shared.network_policy_default);
     let jobs_stream = reflect(
         watcher(Api::all(client.clone()), watcher::Config::default()),
         jobs,
@@ -317,17 +325,27 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
     .touched_objects();
     let applied = ctx.applied_configmaps();
     let configmaps_stream = reflect(
-        watcher(Api::<ConfigMap>::all(client.clone()), owned),
+        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()),
         configmaps,
         "configmaps",
         metrics,
     )
     .inspect_ok(move |event| applied.observe(event))
     .touched_objects();
+    let applied_policies = ctx.applied_network_policies();
+    let policies_stream = reflect(
+        watcher(Api::<NetworkPolicy>::all(client.clone()), owned),
+        policies,
+        "networkpolicies",
+        metrics,
+    )
+    .inspect_ok(move |event| applied_policies.observe(event))
+    .touched_objects();
     let controller = Controller::for_stream(jobs_stream, jobs_store.clone())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         .owns_stream(secrets_stream)
         .owns_stream(configmaps_stream)
+        .owns_stream(policies_stream)
         .watches_stream_with(
             local_stream,
             users_of(jobs_store.clone(), RuntimeKind::TrainingRuntime),

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use http::{Method, Request, Response};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::client::Body;
 use kube::core::PartialObjectMeta;
@@ -36,6 +37,8 @@ const CONFIGMAP_URL: &str =
 const CONFIGMAP_FORCE_URL: &str =
     "/api/v1/namespaces/team/configmaps/pi-mpi-hostfile?&force=true&fieldManager=mpi-webhook";
 const EVENTS_URL: &str = "/apis/events.k8s.io/v1/namespaces/team/events?";
+const NETWORK_POLICY_URL: &str =
+    "/apis/networking.k8s.io/v1/namespaces/team/networkpolicies/pi-mpi?&fieldManager=mpi-webhook";
 
 type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 type Reply = tower_test::mock::SendResponse<Response<Body>>;
@@ -121,6 +124,29 @@ fn expected_secret() -> Value {
     })
 }
 
+/// The exact NetworkPolicy the reconciler must apply for [`train_job`] (issue 24).
+fn expected_network_policy() -> Value {
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": "pi-mpi",
+            "namespace": "team",
+            "labels": {"app.kubernetes.io/managed-by": "mpi-webhook"},
+            "ownerReferences": [{
+                "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "pi",
+                "uid": "uid-1", "controller": true, "blockOwnerDeletion": true
+            }]
+        },
+        "spec": {
+            "podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "pi"}},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": {
+                "matchLabels": {"jobset.sigs.k8s.io/jobset-name": "pi"}}}]}]
+        }
+    })
+}
+
 fn secret_metadata() -> PartialObjectMeta<Secret> {
     serde_json::from_value(json!({
         "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
@@ -135,6 +161,9 @@ struct Caches {
     runtime: Option<TrainingRuntime>,
     secret: bool,
     configmap: Option<ConfigMap>,
+    network_policy: Option<NetworkPolicy>,
+    /// `--network-policy-default`.
+    network_policy_default: bool,
 }
 
 struct Fixture {
@@ -181,6 +210,10 @@ fn fixture(caches: Caches) -> Fixture {
         metrics.clone(),
         leader_rx,
         fixed_keys,
+    )
+    .with_network_policies(
+        synced_store((), caches.network_policy.into_iter().collect()),
+        caches.network_policy_default,
     );
     Fixture {
         ctx: Arc::new(ctx),
@@ -254,6 +287,16 @@ impl ApiServer {
         let uri = "/api/v1/namespaces/team/configmaps/pi-mpi-hostfile";
         let (_, reply) = self.expect(Method::GET, uri).await;
         respond(reply, 200, stored);
+    }
+
+    /// The NetworkPolicy apply (without force), answered with `status`.
+    async fn network_policy_apply(&mut self, expected: &Value, status: u16) {
+        let (body, reply) = self.expect(Method::PATCH, NETWORK_POLICY_URL).await;
+        assert_eq!(&body, expected);
+        match status {
+            200 => respond(reply, 200, &body),
+            code => respond(reply, code, &status_body(code)),
+        }
     }
 
     /// An Event on the TrainJob; returns (type, reason, note).
@@ -420,6 +463,7 @@ async fn up_to_date_caches_mean_no_calls_at_all() {
         runtime: Some(mpi_runtime()),
         secret: true,
         configmap: Some(cached),
+        ..Caches::default()
     });
     let result = converse(&f.ctx, f.server, |_api| async {}).await;
     assert_eq!(result.expect("ok"), Action::await_change());
@@ -455,6 +499,7 @@ async fn edited_configmap_is_repaired_but_foreign_additions_are_not_drift() {
         runtime: Some(mpi_runtime()),
         secret: true,
         configmap: Some(edited),
+        ..Caches::default()
     });
     let result = converse(&f.ctx, f.server, |mut api| async move {
         api.configmap_apply().await;
@@ -743,6 +788,7 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
         client,
         metrics: ReconcileMetrics::default(),
         cache_metrics: CacheMetrics::default(),
+        network_policy_default: false,
     };
     let (leader, leader_rx) = watch::channel(true);
     let controller = tokio::spawn(async move {
@@ -757,7 +803,7 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
         run.await;
     });
     let mut seen = Vec::new();
-    for _ in 0..5 {
+    for _ in 0..6 {
         let (request, _reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
             .await
             .expect("a watch request")
@@ -785,13 +831,14 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
         [
             "/api/v1/configmaps",
             "/api/v1/secrets",
+            "/apis/networking.k8s.io/v1/networkpolicies",
             "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
             "/apis/trainer.kubeflow.org/v1alpha1/trainingruntimes",
             "/apis/trainer.kubeflow.org/v1alpha1/trainjobs",
         ]
     );
     for (path, query, accept) in &seen {
-        let owned = path.starts_with("/api/v1/");
+        let owned = path.starts_with("/api/v1/") || path.contains("/networking.k8s.io/");
         assert_eq!(query.contains(&selector), owned, "{path}?{query}");
         assert_eq!(
             accept.contains("PartialObjectMetadata"),
@@ -958,6 +1005,108 @@ async fn conflict_with_trainer_is_left_reported_counted_and_retried_slowly() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The NetworkPolicy (issue 24)
+
+/// A fixture with the MPI runtime cached and `--network-policy-default` on.
+fn network_policy_fixture(secret: bool, cached: Option<Value>) -> Fixture {
+    fixture(Caches {
+        runtime: Some(mpi_runtime()),
+        secret,
+        network_policy: cached.map(|v| serde_json::from_value(v).expect("NetworkPolicy")),
+        network_policy_default: true,
+        ..Caches::default()
+    })
+}
+
+#[tokio::test]
+async fn with_the_default_on_the_network_policy_is_applied_first_with_exact_fields() {
+    let f = network_policy_fixture(false, None);
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.network_policy_apply(&expected_network_policy(), 200)
+            .await;
+        api.secret_get(404).await;
+        api.secret_create(201).await;
+        api.configmap_apply().await;
+        let (type_, reason, note) = api.event().await;
+        assert_eq!((type_.as_str(), reason.as_str()), ("Normal", "Created"));
+        assert_eq!(
+            note,
+            "Applied NetworkPolicy pi-mpi, created Secret pi-mpi-ssh-auth and applied ConfigMap pi-mpi-hostfile"
+        );
+    })
+    .await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+    assert_eq!(f.metrics.writes("networkpolicy"), 1);
+}
+
+#[tokio::test]
+async fn a_network_policy_in_place_is_not_applied_again_and_drift_is_repaired() {
+    let in_cache = |policy: Value| {
+        fixture(Caches {
+            runtime: Some(mpi_runtime()),
+            secret: true,
+            configmap: Some(serde_json::from_value(expected_configmap()).expect("cm")),
+            network_policy: Some(serde_json::from_value(policy).expect("NetworkPolicy")),
+            network_policy_default: true,
+        })
+    };
+    let f = in_cache(expected_network_policy());
+    let result = converse(&f.ctx, f.server, |_api| async {}).await;
+    assert!(result.is_ok(), "in place: no call at all");
+    assert_eq!(f.metrics.writes("networkpolicy"), 0);
+
+    // Somebody opened it to every pod (`ingress: [{}]`): applied again, taken back.
+    let mut opened = expected_network_policy();
+    opened["spec"]["ingress"] = json!([{}]);
+    let f = in_cache(opened);
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.network_policy_apply(&expected_network_policy(), 200)
+            .await;
+        let (_, _, note) = api.event().await;
+        assert_eq!(note, "Applied NetworkPolicy pi-mpi");
+    })
+    .await;
+    assert!(result.is_ok());
+    assert_eq!(f.metrics.writes("networkpolicy"), 1);
+}
+
+#[tokio::test]
+async fn with_the_default_off_no_network_policy_is_applied() {
+    // The script has no NetworkPolicy call: one would hang the reconcile into the timeout.
+    let f = mpi_fixture();
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.secret_get(404).await;
+        api.secret_create(201).await;
+        api.configmap_apply().await;
+        api.event().await;
+    })
+    .await;
+    assert!(result.is_ok());
+    assert_eq!(f.metrics.writes("networkpolicy"), 0);
+}
+
+#[tokio::test]
+async fn a_failed_network_policy_apply_writes_nothing_else_and_is_retried() {
+    let f = network_policy_fixture(false, None);
+    let result = converse(&f.ctx, f.server, |mut api| async move {
+        api.network_policy_apply(&expected_network_policy(), 403)
+            .await;
+        let (type_, _, note) = api.event().await;
+        assert_eq!(type_, "Warning");
+        assert!(
+            note.starts_with("failed to apply the NetworkPolicy: "),
+            "{note}"
+        );
+    })
+    .await;
+    assert_eq!(
+        result.expect_err("refused").metric_label(),
+        "apply_networkpolicy"
+    );
+    assert_eq!(f.metrics.writes("secret"), 0);
+}
+
+// ---------------------------------------------------------------------------------------------
 // JobSet mode
 
 mod jobset_mode {
@@ -1042,6 +1191,65 @@ mod jobset_mode {
         .await;
         assert_eq!(result.expect("ok"), Action::await_change());
         assert_eq!(f.metrics.writes("secret"), 1);
+    }
+
+    fn annotated(network_policy: &str) -> JobSet {
+        let mut js = jobset("MPICH");
+        js.metadata.annotations = Some(
+            [(
+                "mpi-webhook.io/network-policy".to_string(),
+                network_policy.to_string(),
+            )]
+            .into(),
+        );
+        js
+    }
+
+    #[tokio::test]
+    async fn the_annotation_turns_the_network_policy_on_over_the_default() {
+        let f = fixture(Caches {
+            secret: true,
+            ..Caches::default()
+        });
+        let result = run(&f.ctx, annotated("true"), {
+            let mut api = f.server;
+            async move {
+                let mut policy = expected_network_policy();
+                policy["metadata"]["ownerReferences"] = owned_by_the_jobset();
+                api.network_policy_apply(&policy, 200).await;
+                let (_, reply) = api.expect(Method::PATCH, CONFIGMAP_URL).await;
+                respond(reply, 200, &json!({}));
+                let (_, _, note) = jobset_event(&mut api).await;
+                assert_eq!(
+                    note,
+                    "Applied NetworkPolicy pi-mpi and applied ConfigMap pi-mpi-hostfile"
+                );
+            }
+        })
+        .await;
+        assert_eq!(result.expect("ok"), Action::await_change());
+        assert_eq!(f.metrics.writes("networkpolicy"), 1);
+    }
+
+    #[tokio::test]
+    async fn the_annotation_turns_the_network_policy_off_over_the_default() {
+        let f = fixture(Caches {
+            secret: true,
+            network_policy_default: true,
+            ..Caches::default()
+        });
+        // No NetworkPolicy call in the script: one would hang the reconcile.
+        let result = run(&f.ctx, annotated("false"), {
+            let mut api = f.server;
+            async move {
+                let (_, reply) = api.expect(Method::PATCH, CONFIGMAP_URL).await;
+                respond(reply, 200, &json!({}));
+                jobset_event(&mut api).await;
+            }
+        })
+        .await;
+        assert!(result.is_ok());
+        assert_eq!(f.metrics.writes("networkpolicy"), 0);
     }
 
     #[tokio::test]

@@ -19,9 +19,13 @@
 //!   403 as the API server words it unless granted; in-process calls (`FakeApi::apply`, …) play
 //!   other controllers (Kubeflow Trainer, `kubectl edit`) and are not checked;
 //! - optionally the **OwnerReferencesPermissionEnforcement** admission plugin on HTTP writes
-//!   ([`authz::owner_references_permission`]).
+//!   ([`authz::owner_references_permission`]);
+//! - **garbage collection** ([`FakeApi::delete`], in process only: a `kubectl delete` with the
+//!   default background propagation): dependents whose owners are all gone are deleted, in
+//!   cascade; a dependent with an owner left loses only its dangling references, as the
+//!   garbage collector of kube-controller-manager does.
 //!
-//! Not modelled: validation, defaulting, other admission, generateName, DELETE, PUT, JSON patch,
+//! Not modelled: validation, defaulting, other admission, generateName, HTTP DELETE, PUT, JSON patch,
 //! subresources, Leases, bookmarks, watch cache expiry (410). A request it does not implement is
 //! answered 404, 405 or 501 and recorded in [`Stats::unexpected`].
 //!
@@ -137,6 +141,15 @@ pub const CONFIGMAPS: &Kind = &Kind {
     kind: "ConfigMap",
     namespaced: true,
 };
+/// NetworkPolicies (networking.k8s.io; issue 24). Stored and served like any other object: the
+/// fake enforces no traffic rules (that is the network plugin's job, not the API server's).
+pub const NETWORK_POLICIES: &Kind = &Kind {
+    group: "networking.k8s.io",
+    version: "v1",
+    plural: "networkpolicies",
+    kind: "NetworkPolicy",
+    namespaced: true,
+};
 /// Events (events.k8s.io).
 pub const EVENTS: &Kind = &Kind {
     group: "events.k8s.io",
@@ -154,6 +167,7 @@ pub const KINDS: &[&Kind] = &[
     JOBSETS,
     SECRETS,
     CONFIGMAPS,
+    NETWORK_POLICIES,
     EVENTS,
 ];
 
@@ -165,6 +179,9 @@ pub fn resource_of(group: &str, kind: &str) -> Option<&'static str> {
         .map(|k| k.plural)
 }
 
+/// The field manager of the garbage collector's patches (kube-controller-manager's).
+pub const GC_MANAGER: &str = "generic-garbage-collector";
+
 /// `(namespace, name)`; the namespace is empty for cluster-scoped objects.
 pub type Key = (String, String);
 
@@ -172,7 +189,7 @@ pub type Key = (String, String);
 pub struct Change {
     /// The resourceVersion of the change.
     pub rv: u64,
-    /// `ADDED` or `MODIFIED`.
+    /// `ADDED`, `MODIFIED` or `DELETED`.
     pub type_: &'static str,
     /// The object after it.
     pub object: Arc<Value>,
@@ -447,6 +464,101 @@ impl State {
             at: Instant::now(),
         });
         Ok((object, true))
+    }
+}
+
+impl State {
+    /// Removes the object under a new resourceVersion and logs a DELETED change.
+    fn remove(&mut self, kind: &Kind, key: &Key) -> Option<Arc<Value>> {
+        let rv = self.rv + 1;
+        let collection = self.collection(kind);
+        let stored = collection.objects.remove(key)?;
+        collection.managed.remove(key);
+        let mut object = stored.as_ref().clone();
+        object["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let object = Arc::new(object);
+        collection.log.push(Change {
+            rv,
+            type_: "DELETED",
+            object: object.clone(),
+            at: Instant::now(),
+        });
+        self.rv = rv;
+        Some(object)
+    }
+
+    /// Whether the owner `reference` of an object in `namespace` exists: an object of its kind,
+    /// name and uid (a namespaced owner is looked up in the dependent's namespace).
+    fn owner_exists(&mut self, namespace: &str, reference: &Value) -> bool {
+        let api_version = reference["apiVersion"].as_str().unwrap_or_default();
+        let group = api_version.rsplit_once('/').map_or("", |(group, _)| group);
+        let kind = reference["kind"].as_str().unwrap_or_default();
+        let Some(owner_kind) = KINDS.iter().find(|k| k.group == group && k.kind == kind) else {
+            // An owner of a kind the server does not serve cannot be found: absent.
+            return false;
+        };
+        let owner_namespace = if owner_kind.namespaced { namespace } else { "" };
+        let key = (
+            owner_namespace.to_string(),
+            reference["name"].as_str().unwrap_or_default().to_string(),
+        );
+        self.collection(owner_kind)
+            .objects
+            .get(&key)
+            .is_some_and(|o| o["metadata"]["uid"] == reference["uid"])
+    }
+
+    /// One pass of the garbage collector over every object with owner references: a dependent
+    /// whose owners are all gone is deleted; one with an owner left loses the dangling
+    /// references. Returns whether anything changed.
+    fn collect_garbage(&mut self, deleted: &mut Vec<(&'static str, Key)>) -> bool {
+        let mut changed = false;
+        for kind in KINDS {
+            let dependents: Vec<(Key, Arc<Value>)> = self
+                .collection(kind)
+                .objects
+                .iter()
+                .filter(|(_, o)| {
+                    o["metadata"]["ownerReferences"]
+                        .as_array()
+                        .is_some_and(|r| !r.is_empty())
+                })
+                .map(|(key, o)| (key.clone(), o.clone()))
+                .collect();
+            for (key, object) in dependents {
+                let references = object["metadata"]["ownerReferences"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default();
+                let (solid, dangling): (Vec<Value>, Vec<Value>) = references
+                    .into_iter()
+                    .partition(|r| self.owner_exists(&key.0, r));
+                if dangling.is_empty() {
+                    continue;
+                }
+                changed = true;
+                if solid.is_empty() {
+                    self.remove(kind, &key);
+                    deleted.push((kind.plural, key));
+                } else {
+                    // The collector's patch is an update like any other: it owns what it
+                    // changed, and the references it removed leave their managers' sets.
+                    let mut kept = object.as_ref().clone();
+                    kept["metadata"]["ownerReferences"] = Value::Array(solid);
+                    let kept = scrub(kept);
+                    let entries = self
+                        .collection(kind)
+                        .managed
+                        .get(&key)
+                        .cloned()
+                        .unwrap_or_default();
+                    let manager = Manager::update(GC_MANAGER, &kind.api_version());
+                    let entries = ssa::update(Some((&object, &entries)), &kept, &manager, &now());
+                    let _ = self.write(kind, key, kept, entries);
+                }
+            }
+        }
+        changed
     }
 }
 
@@ -806,6 +918,25 @@ impl FakeApi {
             out.entry(key).or_insert(change.at);
         }
         out
+    }
+
+    /// Deletes an object as `kubectl delete` does with the default (background) propagation:
+    /// it goes at once, then the garbage collector deletes its dependents, in cascade. Returns
+    /// what the collector deleted, as `(plural, key)`, in the order it did.
+    ///
+    /// # Errors
+    /// 404.
+    pub fn delete(&self, kind: &Kind, key: &Key) -> Result<Vec<(&'static str, Key)>, ApiError> {
+        let mut collected = Vec::new();
+        {
+            let mut state = lock(&self.state);
+            state
+                .remove(kind, key)
+                .ok_or_else(|| ApiError::not_found(kind, &key.1))?;
+            while state.collect_garbage(&mut collected) {}
+        }
+        self.notify();
+        Ok(collected)
     }
 
     /// A copy of the request counts.

@@ -297,3 +297,145 @@ fn block_owner_deletion_needs_update_on_the_owners_finalizers() {
     plain["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] = json!(false);
     assert!(check(&without, &plain, None).is_ok());
 }
+
+// ---------------------------------------------------------------------------------------------
+// NetworkPolicies and garbage collection (issue 24)
+
+fn train_job() -> Value {
+    json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+           "metadata": {"name": "pi", "namespace": "team", "uid": "uid-1"}})
+}
+
+fn network_policy(owners: Value) -> Value {
+    json!({"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+           "metadata": {"name": "pi-mpi", "namespace": "team", "ownerReferences": owners,
+                        "labels": {"app.kubernetes.io/managed-by": "mpi-webhook"}},
+           "spec": {"podSelector": {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "pi"}},
+                    "policyTypes": ["Ingress"]}})
+}
+
+fn policy_key() -> Key {
+    ("team".into(), "pi-mpi".into())
+}
+
+#[test]
+fn deleting_an_owner_collects_its_dependents_and_nothing_else() {
+    let api = FakeApi::new();
+    api.create(TRAINJOBS, None, train_job(), "kubectl")
+        .expect("owner");
+    api.apply(CONFIGMAPS, key(), ours("h\n"), "mpi-webhook", false)
+        .expect("ConfigMap");
+    api.apply(
+        NETWORK_POLICIES,
+        policy_key(),
+        network_policy(json!([owner()])),
+        "mpi-webhook",
+        false,
+    )
+    .expect("NetworkPolicy");
+    // Not a dependent: no owner reference.
+    let mut unowned = network_policy(json!([]));
+    unowned["metadata"]["name"] = json!("other");
+    api.create(NETWORK_POLICIES, None, unowned, "kubectl")
+        .expect("unowned");
+
+    let collected = api
+        .delete(TRAINJOBS, &("team".into(), "pi".into()))
+        .expect("deleted");
+    assert_eq!(
+        collected,
+        [("configmaps", key()), ("networkpolicies", policy_key())]
+    );
+    assert!(api.get(NETWORK_POLICIES, &policy_key()).is_err());
+    assert!(api.get(CONFIGMAPS, &key()).is_err());
+    assert_eq!(api.count(NETWORK_POLICIES), 1, "the unowned one stays");
+    let error = api
+        .delete(TRAINJOBS, &("team".into(), "pi".into()))
+        .expect_err("gone");
+    assert_eq!(error.status()["code"], 404);
+}
+
+#[test]
+fn an_owner_of_the_same_name_but_another_uid_does_not_keep_a_dependent() {
+    let api = FakeApi::new();
+    let mut stale = owner();
+    stale["uid"] = json!("uid-0");
+    api.create(TRAINJOBS, None, train_job(), "kubectl")
+        .expect("owner");
+    api.create(
+        NETWORK_POLICIES,
+        None,
+        network_policy(json!([stale])),
+        "kubectl",
+    )
+    .expect("dependent of an owner long gone");
+    // Any deletion runs the collector, which finds the dependent's owner absent.
+    let mut keep = train_job();
+    keep["metadata"]["name"] = json!("keep");
+    keep["metadata"]["uid"] = json!("uid-keep");
+    api.create(TRAINJOBS, None, keep, "kubectl").expect("keep");
+    let collected = api
+        .delete(TRAINJOBS, &("team".into(), "keep".into()))
+        .expect("deleted");
+    assert_eq!(collected, [("networkpolicies", policy_key())]);
+}
+
+#[test]
+fn a_dependent_with_an_owner_left_only_loses_the_dangling_reference() {
+    let api = FakeApi::new();
+    api.create(TRAINJOBS, None, train_job(), "kubectl")
+        .expect("owner");
+    let mut second = train_job();
+    second["metadata"]["name"] = json!("second");
+    second["metadata"]["uid"] = json!("uid-2");
+    api.create(TRAINJOBS, None, second, "kubectl")
+        .expect("second owner");
+    let second_ref = json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                            "name": "second", "uid": "uid-2"});
+    api.create(
+        NETWORK_POLICIES,
+        None,
+        network_policy(json!([owner(), second_ref])),
+        "kubectl",
+    )
+    .expect("two owners");
+    let collected = api
+        .delete(TRAINJOBS, &("team".into(), "pi".into()))
+        .expect("deleted");
+    assert_eq!(collected, Vec::<(&str, Key)>::new());
+    let kept = api.get(NETWORK_POLICIES, &policy_key()).expect("kept");
+    assert_eq!(kept["metadata"]["ownerReferences"], json!([second_ref]));
+    // The collector's patch only removed a field: as on the API server, nobody owns it any
+    // more and the collector, owning nothing, has no entry.
+    let fields = serde_json::to_string(&kept["metadata"]["managedFields"]).expect("json");
+    assert!(!fields.contains("uid-1"), "{fields}");
+    assert!(fields.contains("uid-2"), "{fields}");
+    assert!(!fields.contains(GC_MANAGER), "{fields}");
+}
+
+#[test]
+fn the_shipped_rbac_lets_the_reconciler_apply_network_policies_but_never_delete_them() {
+    let rbac = Authorizer::shipped();
+    let on_policy = |verb| Attributes {
+        verb,
+        group: "networking.k8s.io",
+        resource: "networkpolicies",
+        subresource: "",
+        namespace: Some("team"),
+        name: Some("pi-mpi"),
+    };
+    for verb in ["get", "create", "patch"] {
+        assert!(rbac.allows(&on_policy(verb)), "{verb}");
+    }
+    for verb in ["list", "watch"] {
+        let all = Attributes {
+            namespace: None,
+            name: None,
+            ..on_policy(verb)
+        };
+        assert!(rbac.allows(&all), "{verb} in every namespace");
+    }
+    for verb in ["update", "delete"] {
+        assert!(!rbac.allows(&on_policy(verb)), "{verb}");
+    }
+}

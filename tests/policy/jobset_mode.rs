@@ -629,3 +629,64 @@ async fn every_edit_of_a_jobset_mode_review_is_answered_as_the_reference_answers
     update["request"]["oldObject"] = js;
     assert!(every_edit_is_answered(Route::ValidateJobSet, &update, &objects).await > 0);
 }
+
+// ---------------------------------------------------------------------------------------------
+// mpi-webhook.io/network-policy (issue 24): read by the reconciler only, validated and fixed here
+
+const NETWORK_POLICY: &str = "mpi-webhook.io/network-policy";
+
+#[tokio::test]
+async fn network_policy_annotation_must_be_true_or_false() {
+    for value in ["yes", "True", ""] {
+        assert_eq!(
+            denial(jobset("OpenMPI", json!({NETWORK_POLICY: value}), rjobs())).await,
+            format!(
+                r#"metadata.annotations[mpi-webhook.io/network-policy]: Unsupported value: "{value}": supported values: "true", "false""#
+            )
+        );
+    }
+}
+
+#[tokio::test]
+async fn network_policy_annotation_is_admitted_and_changes_nothing_in_the_patch() {
+    let plain = review(
+        Route::MutateJobSet,
+        "CREATE",
+        jobset("OpenMPI", json!({}), rjobs()),
+        None,
+    )
+    .await;
+    for value in ["true", "false"] {
+        let js = jobset("OpenMPI", json!({NETWORK_POLICY: value}), rjobs());
+        assert_eq!(validate(js.clone()).await["allowed"], true, "{value}");
+        let mutated = review(Route::MutateJobSet, "CREATE", js, None).await;
+        assert_eq!(patch_of(&mutated), patch_of(&plain), "{value}");
+    }
+}
+
+#[tokio::test]
+async fn network_policy_annotation_is_immutable_on_update() {
+    let field = "metadata.annotations[mpi-webhook.io/network-policy]";
+    let on = jobset("OpenMPI", json!({NETWORK_POLICY: "true"}), rjobs());
+    let off = jobset("OpenMPI", json!({NETWORK_POLICY: "false"}), rjobs());
+    let absent = jobset("OpenMPI", json!({}), rjobs());
+    for (old, new, shown) in [
+        (&on, &off, "false"),
+        (&on, &absent, ""),
+        (&absent, &on, "true"),
+    ] {
+        let response = review(
+            Route::ValidateJobSet,
+            "UPDATE",
+            new.clone(),
+            Some(old.clone()),
+        )
+        .await;
+        assert_eq!(
+            response["status"]["message"],
+            format!(r#"{field}: Invalid value: "{shown}": field is immutable"#)
+        );
+    }
+    let same = review(Route::ValidateJobSet, "UPDATE", on.clone(), Some(on)).await;
+    assert_eq!(same["allowed"], true);
+}

@@ -194,7 +194,7 @@ fn render_emits_secret_then_configmap_in_namespace_name_order_and_reports_proble
         tj["spec"]["runtimeRef"] = json!({"name": runtime});
         snapshot.insert_train_job(typed_train_job(&tj));
     }
-    let rendered = render(&snapshot, || Ok(fixed_keys())).expect("renders");
+    let rendered = render(&snapshot, false, || Ok(fixed_keys())).expect("renders");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&rendered.yaml).expect("YAML");
     let names: Vec<(&str, &str)> = docs
         .iter()
@@ -221,6 +221,75 @@ fn render_emits_secret_then_configmap_in_namespace_name_order_and_reports_proble
     assert_eq!(
         rendered.problems,
         [r#"TrainJob a/lost: ClusterTrainingRuntime "missing" not found"#]
+    );
+}
+
+/// `kind/name` of every document `render` prints for `snapshot`.
+fn rendered_names(snapshot: &Snapshot, network_policy_default: bool) -> Vec<String> {
+    let rendered = render(snapshot, network_policy_default, || Ok(fixed_keys())).expect("renders");
+    assert_eq!(rendered.problems, Vec::<String>::new());
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&rendered.yaml).expect("YAML");
+    docs.iter()
+        .map(|d| {
+            format!(
+                "{}/{}",
+                d["kind"].as_str().unwrap_or(""),
+                d["metadata"]["name"].as_str().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+fn jobset_mode_jobset(name: &str, annotations: Value) -> mpi_webhook::api::JobSet {
+    let rjob = |rjob: &str| {
+        json!({"name": rjob, "template": {"spec": {"template": {"spec": {
+            "containers": [{"name": "mpi", "image": "mpi"}]}}}}})
+    };
+    serde_json::from_value(json!({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": name, "namespace": "a", "uid": format!("{name}-uid"),
+                     "labels": {"mpi-webhook.io/implementation": "OpenMPI"},
+                     "annotations": annotations},
+        "spec": {"replicatedJobs": [rjob("node"), rjob("launcher")]}
+    }))
+    .expect("JobSet")
+}
+
+#[test]
+fn render_prints_the_network_policy_where_the_reconciler_would_create_it() {
+    let mut snapshot = Snapshot::default();
+    let rt: TrainingRuntime =
+        serde_json::from_value(upstream_runtime("deepspeed")).expect("parses");
+    snapshot.insert_runtime(RuntimeKind::ClusterTrainingRuntime, rt);
+    let mut tj = pi(json!({"numNodes": 2}));
+    tj["spec"]["runtimeRef"] = json!({"name": "deepspeed-distributed"});
+    snapshot.insert_train_job(typed_train_job(&tj));
+    snapshot.insert_jobset(jobset_mode_jobset("js-default", json!({})));
+    snapshot.insert_jobset(jobset_mode_jobset(
+        "js-off",
+        json!({"mpi-webhook.io/network-policy": "false"}),
+    ));
+    snapshot.insert_jobset(jobset_mode_jobset(
+        "js-on",
+        json!({"mpi-webhook.io/network-policy": "true"}),
+    ));
+    let common = |policies: &[&str]| {
+        let mut names = Vec::new();
+        for owner in ["pi", "js-default", "js-off", "js-on"] {
+            names.push(format!("Secret/{owner}-mpi-ssh-auth"));
+            names.push(format!("ConfigMap/{owner}-mpi-hostfile"));
+            if policies.contains(&owner) {
+                names.push(format!("NetworkPolicy/{owner}-mpi"));
+            }
+        }
+        names
+    };
+    // Off by default: only a JobSet that asks for it gets one.
+    assert_eq!(rendered_names(&snapshot, false), common(&["js-on"]));
+    // On by default: every TrainJob, and every JobSet but the one that says "false".
+    assert_eq!(
+        rendered_names(&snapshot, true),
+        common(&["pi", "js-default", "js-on"])
     );
 }
 
