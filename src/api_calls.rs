@@ -84,10 +84,10 @@ pub const API_CALLS: &[ApiCall] = &[
         verbs: &["get", "list", "watch", "create", "patch"],
         namespaced_to_own_namespace: false,
     },
-    // The per-job NetworkPolicy `<name>-mpi` (issue 24, when on) is server-side applied like the
+    // The per-job NetworkPolicy `<name>-mpi` (when on) is server-side applied like the
     // ConfigMap (PATCH with field manager `mpi-webhook`; `create` for the apply that creates it),
     // and its label-selected list/watch feeds drift repair. It is read only through that cache:
-    // `get` is granted with list/watch as issue 24 asks (reading one of our own objects), though
+    // `get` is granted with list/watch as the design asks (reading one of our own objects), though
     // no request uses it today. Never deleted: no `delete`.
     ApiCall {
         component: RECONCILE,

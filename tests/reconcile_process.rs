@@ -511,7 +511,7 @@ async fn a_jobset_mode_jobset_gets_its_objects_owned_by_the_jobset() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The NetworkPolicy (issue 24)
+// The NetworkPolicy
 
 fn policy_key() -> Key {
     ("team".into(), "pi-mpi".into())

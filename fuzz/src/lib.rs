@@ -183,6 +183,7 @@ const KEYS: &[&str] = &[
     "mpi-webhook.io/ssh-auth-mount-path",
     "mpi-webhook.io/run-launcher-as-node",
     "mpi-webhook.io/container",
+    "mpi-webhook.io/network-policy",
 ];
 
 /// Strings worth trying where the policy compares values.

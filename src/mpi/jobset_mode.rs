@@ -31,7 +31,7 @@ pub const RUN_LAUNCHER_AS_NODE_ANNOTATION: &str = "mpi-webhook.io/run-launcher-a
 /// Annotation: the name of the container to wire in both pod templates.
 pub const CONTAINER_ANNOTATION: &str = "mpi-webhook.io/container";
 /// Annotation: `true` or `false`, whether the reconciler creates the job's NetworkPolicy
-/// (issue 24); absent means the reconciler's `--network-policy-default`.
+///; absent means the reconciler's `--network-policy-default`.
 pub const NETWORK_POLICY_ANNOTATION: &str = "mpi-webhook.io/network-policy";
 /// Every annotation JobSet mode reads; like the label, fixed once the JobSet exists.
 pub const SETTING_ANNOTATIONS: [&str; 5] = [

@@ -8,7 +8,7 @@
 //! - [`enforce`]: the JobSet mutation as RFC 6902 operations on the raw JobSet (section C).
 //! - [`hostfile`]: endpoints and the hostfile ConfigMap (section D.2, D.3).
 //! - [`ssh_secret`]: the SSH key pair (the only randomness) and the Secret (section D.1).
-//! - [`network_policy`]: the per-job NetworkPolicy that admits only the job's own pods (issue 24).
+//! - [`network_policy`]: the per-job NetworkPolicy that admits only the job's own pods.
 //! - [`objects_for`]: which TrainJobs and JobSets get the Secret and ConfigMap, and the ConfigMap
 //!   (shared by the reconciler and `render`).
 //! - [`implementation`]: Open MPI, Intel MPI and MPICH as one table of data (Decision 5).

@@ -1,4 +1,4 @@
-//! The per-job NetworkPolicy (issue 24): only the job's own pods may reach its pods, so on a
+//! The per-job NetworkPolicy: only the job's own pods may reach its pods, so on a
 //! shared cluster no other pod can connect to the workers' sshd. Pure.
 //!
 //! The policy selects the job's pods by the label JobSet puts on every pod it creates,

@@ -11,7 +11,7 @@
 //!
 //! With `--network-policy-default` (TrainJobs, and JobSet-mode JobSets without the
 //! `mpi-webhook.io/network-policy` annotation) or that annotation set to `true`, it also
-//! server-side applies the NetworkPolicy `<name>-mpi` (issue 24) the same way as the ConfigMap,
+//! server-side applies the NetworkPolicy `<name>-mpi` the same way as the ConfigMap,
 //! before the Secret and the ConfigMap, so the job's pods (which wait for those two volumes)
 //! never run unprotected. A policy that is no longer wanted is left in place, never deleted:
 //! deleting a live job's isolation on a flag change is not the reconciler's to decide.

@@ -124,7 +124,7 @@ fn expected_secret() -> Value {
     })
 }
 
-/// The exact NetworkPolicy the reconciler must apply for [`train_job`] (issue 24).
+/// The exact NetworkPolicy the reconciler must apply for [`train_job`].
 fn expected_network_policy() -> Value {
     json!({
         "apiVersion": "networking.k8s.io/v1",
@@ -1005,7 +1005,7 @@ async fn conflict_with_trainer_is_left_reported_counted_and_retried_slowly() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The NetworkPolicy (issue 24)
+// The NetworkPolicy
 
 /// A fixture with the MPI runtime cached and `--network-policy-default` on.
 fn network_policy_fixture(secret: bool, cached: Option<Value>) -> Fixture {

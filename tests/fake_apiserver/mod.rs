@@ -141,7 +141,7 @@ pub const CONFIGMAPS: &Kind = &Kind {
     kind: "ConfigMap",
     namespaced: true,
 };
-/// NetworkPolicies (networking.k8s.io; issue 24). Stored and served like any other object: the
+/// NetworkPolicies (networking.k8s.io). Stored and served like any other object: the
 /// fake enforces no traffic rules (that is the network plugin's job, not the API server's).
 pub const NETWORK_POLICIES: &Kind = &Kind {
     group: "networking.k8s.io",

@@ -299,7 +299,7 @@ fn block_owner_deletion_needs_update_on_the_owners_finalizers() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// NetworkPolicies and garbage collection (issue 24)
+// NetworkPolicies and garbage collection
 
 fn train_job() -> Value {
     json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",

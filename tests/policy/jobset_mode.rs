@@ -631,7 +631,7 @@ async fn every_edit_of_a_jobset_mode_review_is_answered_as_the_reference_answers
 }
 
 // ---------------------------------------------------------------------------------------------
-// mpi-webhook.io/network-policy (issue 24): read by the reconciler only, validated and fixed here
+// mpi-webhook.io/network-policy: read by the reconciler only, validated and fixed here
 
 const NETWORK_POLICY: &str = "mpi-webhook.io/network-policy";
 
