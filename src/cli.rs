@@ -56,6 +56,16 @@ pub struct ServeArgs {
     /// Read TrainJobs and runtimes from this directory instead of the cluster.
     #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
     pub objects_dir: Option<PathBuf>,
+    /// After SIGTERM, keep accepting and answering for this long (e.g. `5s`) while /readyz
+    /// fails and every response closes its connection, so endpoints and kube-proxy move traffic
+    /// away before the listener closes. A second SIGTERM/SIGINT skips the rest.
+    #[arg(
+        long,
+        env = "MPI_WEBHOOK_SHUTDOWN_DELAY",
+        default_value = "0s",
+        value_parser = humantime::parse_duration
+    )]
+    pub shutdown_delay: std::time::Duration,
 }
 
 /// `reconcile` flags.

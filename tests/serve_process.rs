@@ -48,6 +48,11 @@ struct Server {
 impl Server {
     /// `mpi-webhook serve` in `cwd` on free ports, waiting for its "listening" log line.
     fn start(cwd: &Path) -> Self {
+        Self::start_with(cwd, &[])
+    }
+
+    /// [`Server::start`] with more flags.
+    fn start_with(cwd: &Path, flags: &[&str]) -> Self {
         let mut child = binary()
             .args([
                 "serve",
@@ -56,6 +61,7 @@ impl Server {
                 "--metrics-listen",
                 "127.0.0.1:0",
             ])
+            .args(flags)
             .current_dir(cwd)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -216,6 +222,50 @@ async fn serve_without_flags_drains_in_flight_requests_on_sigterm_and_reuses_its
     again.terminate();
     again.wait_for_log("shut down");
     assert!(again.wait().success());
+}
+
+/// With `--shutdown-delay`, SIGTERM fails `/readyz` at once while new connections are
+/// still answered; a second SIGTERM skips the rest of the delay (an hour here, so exiting at all
+/// shows it was skipped), and the process exits 0 after the usual drain.
+#[tokio::test]
+async fn a_shutdown_delay_keeps_answering_after_sigterm_and_a_second_signal_skips_it() {
+    init();
+    let cwd = tempfile::tempdir().unwrap();
+    let mut server = Server::start_with(cwd.path(), &["--shutdown-delay", "1h"]);
+    let ca_pem = std::fs::read_to_string(cwd.path().join("certs/ca.crt")).unwrap();
+    let client = client_config(&[&ca_pem]);
+    let readyz = request(server.addr, client.clone(), "GET", "/readyz", Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(readyz.status, 200);
+
+    server.terminate();
+    let line = server.wait_for_log("shutdown signal received");
+    assert!(line.contains("delay_seconds=3600"), "{line}");
+    let readyz = request(server.addr, client.clone(), "GET", "/readyz", Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(readyz.status, 503);
+    assert_eq!(readyz.body, "shutting down");
+    let reply = post(
+        server.addr,
+        client,
+        Route::ValidateTrainJob.path(),
+        sample("trainjob-create-allowed.json"),
+    )
+    .await;
+    assert_eq!(
+        response_for(&reply, "0a7c3f0e-5b2d-4e61-8a9f-1d2c3b4a5e01")["allowed"],
+        true
+    );
+
+    server.terminate();
+    server.wait_for_log("second signal: skipping the rest of the shutdown delay");
+    server.wait_for_log("closing the listener");
+    server.wait_for_log("stopped accepting");
+    server.wait_for_log("shut down");
+    let status = server.wait();
+    assert!(status.success(), "exit status {status:?}");
 }
 
 #[test]

@@ -10,7 +10,7 @@ mod tls_support;
 use std::io::{Read, Write};
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -688,52 +688,6 @@ async fn a_tls_1_1_client_is_refused() {
     f.server.shutdown().await;
 }
 
-/// A Secret volume: `..<version>/` dirs, `..data -> ..<version>`, `tls.* -> ..data/tls.*`.
-struct SecretVolume {
-    dir: PathBuf,
-    version: usize,
-}
-
-impl SecretVolume {
-    fn new(dir: &Path) -> (Self, TestCa) {
-        let mut volume = Self {
-            dir: dir.to_path_buf(),
-            version: 0,
-        };
-        let ca = volume.publish(None);
-        for name in ["tls.crt", "tls.key"] {
-            std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).unwrap();
-        }
-        (volume, ca)
-    }
-
-    /// Writes a new version (a fresh CA and certificate, or a broken pair) and swaps `..data` to
-    /// it atomically, as the kubelet does.
-    fn publish(&mut self, mismatched_key_from: Option<&TestCa>) -> TestCa {
-        self.version += 1;
-        let version = format!("..v{}", self.version);
-        let ca = TestCa::write(&self.dir.join(&version));
-        if let Some(other) = mismatched_key_from {
-            std::fs::write(
-                self.dir.join(&version).join("tls.key"),
-                &other.certs.key_pem,
-            )
-            .unwrap();
-        }
-        let tmp = self.dir.join("..data_tmp");
-        std::os::unix::fs::symlink(&version, &tmp).unwrap();
-        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
-        ca
-    }
-
-    fn files(&self) -> TlsFiles {
-        TlsFiles {
-            cert: self.dir.join("tls.crt"),
-            key: self.dir.join("tls.key"),
-        }
-    }
-}
-
 #[tokio::test]
 async fn certificates_rotate_by_symlink_swap_without_failed_requests() {
     init();
@@ -793,19 +747,7 @@ async fn certificates_rotate_by_symlink_swap_without_failed_requests() {
     .await;
 
     // Swap in the next certificate: copy `next`'s files as the new version.
-    volume.version += 1;
-    let version = format!("..v{}", volume.version);
-    std::fs::create_dir(dir.path().join(&version)).unwrap();
-    for name in ["tls.crt", "tls.key"] {
-        std::fs::copy(
-            next_dir.path().join(name),
-            dir.path().join(&version).join(name),
-        )
-        .unwrap();
-    }
-    let tmp = dir.path().join("..data_tmp");
-    std::os::unix::fs::symlink(&version, &tmp).unwrap();
-    std::fs::rename(&tmp, dir.path().join("..data")).unwrap();
+    volume.publish_files(next_dir.path());
 
     eventually("the new certificate to be served", WAIT, || async {
         (seen_leaves.lock().unwrap().contains(&next.leaf_der())).then_some(())
@@ -962,4 +904,71 @@ async fn a_missing_objects_dir_or_certificate_fails_startup() {
         .await
         .unwrap_err();
     assert!(error.to_string().contains("does not fit"), "{error}");
+}
+
+/// Between `begin_shutdown` (SIGTERM) and `shutdown` (the end of `--shutdown-delay`)
+/// `/readyz` fails, kept-alive and new connections are still answered, every HTTP/1.1 answer
+/// says `Connection: close` and HTTP/2 connections are sent away (GOAWAY) after their requests;
+/// after `shutdown` nothing is accepted.
+#[tokio::test]
+async fn the_shutdown_delay_answers_everyone_and_tells_each_connection_to_close() {
+    let f = Fixture::start().await;
+    let ca = f.ca.certs.ca_cert_pem.clone();
+    let h1 = f.client();
+    let h2 = client_config_with(&[&ca], rustls::DEFAULT_VERSIONS, &[b"h2".as_slice()]);
+    let review = sample("trainjob-create-allowed.json");
+    let uid = "0a7c3f0e-5b2d-4e61-8a9f-1d2c3b4a5e01";
+    let path = Route::ValidateTrainJob.path();
+    let assert_allowed = |reply: &KeptReply| {
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        let json: Value = serde_json::from_slice(&reply.body).unwrap();
+        assert_eq!(json["response"]["uid"], uid);
+        assert_eq!(json["response"]["allowed"], true);
+    };
+
+    let mut kept_h1 = KeptConnection::open(f.addr(), h1.clone()).await.unwrap();
+    let mut kept_h2 = KeptConnection::open(f.addr(), h2.clone()).await.unwrap();
+    let before = kept_h1.send("POST", path, review.clone()).await.unwrap();
+    assert_allowed(&before);
+    assert!(!before.close, "keep-alive while serving");
+    assert_allowed(&kept_h2.send("POST", path, review.clone()).await.unwrap());
+
+    f.server.begin_shutdown();
+
+    // The kept HTTP/1.1 connection: answered, and told to close.
+    let during = kept_h1.send("POST", path, review.clone()).await.unwrap();
+    assert_allowed(&during);
+    assert!(during.close, "Connection: close during the shutdown delay");
+    eventually("the HTTP/1.1 connection to close", WAIT, || async {
+        kept_h1.has_ended().then_some(())
+    })
+    .await;
+    // The kept HTTP/2 connection: GOAWAY, and closed since it has no request in flight.
+    eventually("the HTTP/2 connection to go away", WAIT, || async {
+        kept_h2.has_ended().then_some(())
+    })
+    .await;
+    assert!(!kept_h2.is_usable());
+
+    // New connections are still accepted and answered, and told to close too.
+    let mut fresh_h1 = KeptConnection::open(f.addr(), h1.clone()).await.unwrap();
+    let readyz = fresh_h1.send("GET", "/readyz", Vec::new()).await.unwrap();
+    assert_eq!(readyz.status, 503);
+    assert_eq!(readyz.body, "shutting down");
+    assert!(readyz.close);
+    let mut fresh_h2 = KeptConnection::open(f.addr(), h2.clone()).await.unwrap();
+    assert_allowed(&fresh_h2.send("POST", path, review.clone()).await.unwrap());
+    eventually("the new HTTP/2 connection to go away", WAIT, || async {
+        fresh_h2.has_ended().then_some(())
+    })
+    .await;
+
+    let addr = f.addr();
+    f.server.shutdown().await;
+    assert!(tokio::net::TcpStream::connect(addr).await.is_err());
 }

@@ -26,6 +26,7 @@ use crate::metrics::Metrics;
 use crate::objects::cluster::ClusterObjects;
 use crate::objects::reload::{DirReloader, LiveSnapshot};
 use crate::objects::{LoadError, ObjectSource, Snapshot};
+use crate::serve::accept::Phase;
 use crate::serve::supervise::supervise;
 use crate::tls::{self, CertReloader, ReloadOutcome, ReloadingCert, TlsError, TlsFiles};
 
@@ -102,6 +103,8 @@ pub struct ServeOptions {
     pub objects_poll_interval: Duration,
     /// How long shutdown waits for in-flight requests.
     pub shutdown_grace: Duration,
+    /// How long [`run`] keeps accepting after SIGTERM (`--shutdown-delay`).
+    pub shutdown_delay: Duration,
 }
 
 impl ServeOptions {
@@ -120,6 +123,7 @@ impl ServeOptions {
             tls_poll_interval: Self::DEFAULT_POLL_INTERVAL,
             objects_poll_interval: Self::DEFAULT_POLL_INTERVAL,
             shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
+            shutdown_delay: Duration::ZERO,
         }
     }
 }
@@ -176,17 +180,38 @@ pub fn tls_files(args: &ServeArgs) -> Result<TlsFiles, ServeError> {
     }
 }
 
-/// Runs `serve` until SIGTERM or SIGINT, then shuts down gracefully.
+/// Runs `serve` until SIGTERM or SIGINT, then shuts down gracefully: `/readyz` fails at once,
+/// connections are still accepted and answered (each told to close) for the shutdown delay, a
+/// second signal skips the rest of it, then the listener closes and in-flight requests drain.
 ///
 /// # Errors
 /// [`ServeError`] when startup fails.
 pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
-    let signal = crate::shutdown::shutdown_signal().map_err(ServeError::Signal)?;
-    let options = ServeOptions::new(args.listen, args.metrics_listen, tls_files(&args)?);
+    let mut signals = crate::shutdown::Signals::install().map_err(ServeError::Signal)?;
+    let mut options = ServeOptions::new(args.listen, args.metrics_listen, tls_files(&args)?);
+    options.shutdown_delay = args.shutdown_delay;
+    let delay = options.shutdown_delay;
     let objects = objects_for_serve(&args).await;
     let running = start(options, objects).await?;
-    signal.await;
-    tracing::info!("shutdown signal received; draining");
+    let signal = signals.recv().await;
+    running.begin_shutdown();
+    if !delay.is_zero() {
+        tracing::info!(
+            signal,
+            delay_seconds = delay.as_secs_f64(),
+            "shutdown signal received: /readyz fails; still accepting for the shutdown delay, \
+             every response closes its connection (HTTP/2: GOAWAY)"
+        );
+        tokio::select! {
+            () = tokio::time::sleep(delay) => tracing::info!("shutdown delay over"),
+            again = signals.recv() => {
+                tracing::info!(signal = again, "second signal: skipping the rest of the shutdown delay");
+            }
+        }
+    } else {
+        tracing::info!(signal, "shutdown signal received");
+    }
+    tracing::info!("closing the listener; draining in-flight requests");
     running.shutdown().await;
     Ok(())
 }
@@ -307,7 +332,7 @@ pub async fn start_with<S: ObjectSource + 'static>(
     )?;
 
     let mut tasks = vec![spawn_cert_reloader(&options, resolver, metrics.clone())];
-    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (shutdown_tx, shutdown_rx) = watch::channel(Phase::Serving);
     let metrics_router = crate::metrics::router(metrics.clone());
     let mut metrics_shutdown = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
@@ -365,7 +390,7 @@ pub struct Running {
     https_addr: SocketAddr,
     metrics_addr: SocketAddr,
     readiness: Readiness,
-    shutdown_tx: watch::Sender<bool>,
+    shutdown_tx: watch::Sender<Phase>,
     accept: JoinHandle<()>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -381,11 +406,25 @@ impl Running {
         self.metrics_addr
     }
 
+    /// First step of shutdown: `/readyz` answers 503 from now on, and every connection is told
+    /// to close after its current response (HTTP/1 `Connection: close`, HTTP/2 GOAWAY), while
+    /// new connections are still accepted and answered.
+    pub fn begin_shutdown(&self) {
+        self.readiness.set_draining();
+        self.shutdown_tx.send_if_modified(|phase| {
+            let moved = *phase < Phase::Closing;
+            if moved {
+                *phase = Phase::Closing;
+            }
+            moved
+        });
+    }
+
     /// Graceful shutdown: report not ready, stop accepting, let in-flight requests finish
     /// (bounded by the shutdown grace), stop the background tasks.
     pub async fn shutdown(self) {
-        self.readiness.set_draining();
-        let _ = self.shutdown_tx.send(true);
+        self.begin_shutdown();
+        self.shutdown_tx.send_replace(Phase::Stopped);
         if let Err(e) = self.accept.await {
             tracing::error!(error = %e, "the accept loop failed");
         }

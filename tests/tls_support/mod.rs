@@ -252,3 +252,218 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The request half of a kept-alive client connection.
+enum Sender {
+    Http1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    Http2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+/// A client connection kept open across requests, as the apiserver's transport keeps one to a
+/// webhook: HTTP/2 if ALPN picked it, else HTTP/1.1.
+pub struct KeptConnection {
+    sender: Sender,
+    /// The leaf certificate the server presented.
+    pub leaf: CertificateDer<'static>,
+    driver: tokio::task::JoinHandle<()>,
+}
+
+/// One answer on a [`KeptConnection`].
+#[derive(Debug)]
+pub struct KeptReply {
+    /// HTTP status.
+    pub status: u16,
+    /// Body.
+    pub body: Bytes,
+    /// The response told an HTTP/1.1 client to close the connection (`Connection: close`).
+    pub close: bool,
+}
+
+/// Why a request on a [`KeptConnection`] got no answer.
+#[derive(Debug)]
+pub enum KeptError {
+    /// The connection was already closing and the request was never written: a client may send
+    /// it again on a new connection (what Go's transport does too).
+    Unsent(String),
+    /// The request may have reached the server: a failed review.
+    Failed(String),
+}
+
+impl KeptConnection {
+    /// Opens a TLS connection to `addr` as `localhost` and does the HTTP handshake.
+    ///
+    /// # Errors
+    /// What failed: TCP, TLS or HTTP handshake.
+    pub async fn open(addr: SocketAddr, config: Arc<rustls::ClientConfig>) -> Result<Self, String> {
+        let tls = connect(addr, config).await.map_err(|e| e.to_string())?;
+        let (_, session) = tls.get_ref();
+        let leaf = session
+            .peer_certificates()
+            .and_then(|c| c.first())
+            .cloned()
+            .ok_or("no peer certificate")?;
+        let h2 = session.alpn_protocol() == Some(b"h2");
+        let io = TokioIo::new(tls);
+        let (sender, driver) = if h2 {
+            let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|e| e.to_string())?;
+            let driver = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            (Sender::Http2(sender), driver)
+        } else {
+            let (sender, conn) = hyper::client::conn::http1::handshake(io)
+                .await
+                .map_err(|e| e.to_string())?;
+            let driver = tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            (Sender::Http1(sender), driver)
+        };
+        Ok(Self {
+            sender,
+            leaf,
+            driver,
+        })
+    }
+
+    /// Whether a new request may be sent (the connection is open and not going away).
+    pub fn is_usable(&self) -> bool {
+        match &self.sender {
+            Sender::Http1(sender) => !sender.is_closed(),
+            Sender::Http2(sender) => !sender.is_closed() && sender.is_ready(),
+        }
+    }
+
+    /// Whether the connection has ended (the server closed it or sent GOAWAY and finished).
+    pub fn has_ended(&self) -> bool {
+        self.driver.is_finished()
+    }
+
+    /// Sends one request and reads the whole answer.
+    ///
+    /// # Errors
+    /// [`KeptError`]: whether the request may have reached the server.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<KeptReply, KeptError> {
+        let request = hyper::Request::builder()
+            .method(method)
+            .uri(format!("https://localhost{path}"))
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| KeptError::Failed(e.to_string()))?;
+        let answer = match &mut self.sender {
+            Sender::Http1(sender) => {
+                if sender.ready().await.is_err() {
+                    return Err(KeptError::Unsent("connection closed".to_string()));
+                }
+                sender.try_send_request(request).await
+            }
+            Sender::Http2(sender) => {
+                if sender.ready().await.is_err() {
+                    return Err(KeptError::Unsent("connection closed".to_string()));
+                }
+                sender.try_send_request(request).await
+            }
+        };
+        let response = answer.map_err(|mut e| {
+            if e.take_message().is_some() {
+                KeptError::Unsent(e.into_error().to_string())
+            } else {
+                KeptError::Failed(e.into_error().to_string())
+            }
+        })?;
+        let status = response.status().as_u16();
+        let close = response
+            .headers()
+            .get_all(hyper::header::CONNECTION)
+            .iter()
+            .any(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| KeptError::Failed(e.to_string()))?
+            .to_bytes();
+        Ok(KeptReply {
+            status,
+            body,
+            close,
+        })
+    }
+}
+
+impl Drop for KeptConnection {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// A Secret volume: `..<version>/` dirs, `..data -> ..<version>`, `tls.* -> ..data/tls.*`.
+pub struct SecretVolume {
+    /// The volume's directory.
+    pub dir: PathBuf,
+    /// The current version (`..v<version>`).
+    pub version: usize,
+}
+
+impl SecretVolume {
+    /// A volume in `dir` with a first version (a fresh CA and certificate).
+    pub fn new(dir: &Path) -> (Self, TestCa) {
+        let mut volume = Self {
+            dir: dir.to_path_buf(),
+            version: 0,
+        };
+        let ca = volume.publish(None);
+        for name in ["tls.crt", "tls.key"] {
+            std::os::unix::fs::symlink(format!("..data/{name}"), dir.join(name)).unwrap();
+        }
+        (volume, ca)
+    }
+
+    /// Writes a new version (a fresh CA and certificate, or a broken pair) and swaps `..data` to
+    /// it atomically, as the kubelet does.
+    pub fn publish(&mut self, mismatched_key_from: Option<&TestCa>) -> TestCa {
+        self.version += 1;
+        let version = format!("..v{}", self.version);
+        let ca = TestCa::write(&self.dir.join(&version));
+        if let Some(other) = mismatched_key_from {
+            std::fs::write(
+                self.dir.join(&version).join("tls.key"),
+                &other.certs.key_pem,
+            )
+            .unwrap();
+        }
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&version, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
+        ca
+    }
+
+    /// Swaps in a new version holding copies of `from`'s `tls.crt` and `tls.key`.
+    pub fn publish_files(&mut self, from: &Path) {
+        self.version += 1;
+        let version = format!("..v{}", self.version);
+        std::fs::create_dir(self.dir.join(&version)).unwrap();
+        for name in ["tls.crt", "tls.key"] {
+            std::fs::copy(from.join(name), self.dir.join(&version).join(name)).unwrap();
+        }
+        let tmp = self.dir.join("..data_tmp");
+        std::os::unix::fs::symlink(&version, &tmp).unwrap();
+        std::fs::rename(&tmp, self.dir.join("..data")).unwrap();
+    }
+
+    /// The `tls.crt` / `tls.key` paths a server is given.
+    pub fn files(&self) -> TlsFiles {
+        TlsFiles {
+            cert: self.dir.join("tls.crt"),
+            key: self.dir.join("tls.key"),
+        }
+    }
+}
