@@ -19,8 +19,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use fake_apiserver::{
-    Authorizer, CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, JOBSETS, Key, NETWORK_POLICIES,
-    Options, SECRETS, TRAINJOBS, str_at, write_kubeconfig,
+    Authorizer, CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, JOBSETS, Key, LEASES,
+    NETWORK_POLICIES, Options, SECRETS, TRAINJOBS, str_at, write_kubeconfig,
 };
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
@@ -38,6 +38,12 @@ const HOSTFILE: &str =
 const TRAINERS_OTHER_HOSTFILE: &str = "pi-node-0-0.pi slots=1\n";
 /// Finished reconciles, from the reconciler's `/metrics`.
 const FINISHED: &str = "mpi_webhook_reconcile_duration_seconds_count";
+/// The shipped Lease and the namespace its Role is in.
+const LEASE: &str = "mpi-webhook-reconciler";
+const LEASE_NAMESPACE: &str = "mpi-webhook";
+/// `leaseDurationSeconds` of the reconciler's Lease (`LEASE_DURATION_SECS` in
+/// src/reconciler/leader.rs).
+const LEASE_DURATION_SECS: u64 = 15;
 
 fn owner() -> Value {
     json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "name": "pi",
@@ -151,10 +157,30 @@ impl Reconciler {
 
     /// `mpi-webhook reconcile` with `flags` added.
     fn start_with(cluster: &Cluster, flags: &[&str]) -> Self {
+        Self::start_logged(cluster, "reconcile.log", flags)
+    }
+
+    /// A `--leader-elect` replica named `holder` (the shipped Lease, in the shipped namespace).
+    fn start_leader(cluster: &Cluster, holder: &str) -> Self {
+        Self::start_logged(
+            cluster,
+            &format!("reconcile-{holder}.log"),
+            &[
+                "--leader-elect",
+                "--lease-namespace",
+                LEASE_NAMESPACE,
+                "--lease-holder",
+                holder,
+            ],
+        )
+    }
+
+    /// `mpi-webhook reconcile` with `flags` added, logging to `log` in the cluster's directory.
+    fn start_logged(cluster: &Cluster, log: &str, flags: &[&str]) -> Self {
         let metrics = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .expect("a free port");
-        let log = cluster.dir.path().join("reconcile.log");
+        let log = cluster.dir.path().join(log);
         let child = Command::new(BIN)
             .args(["reconcile", "--metrics-listen", &metrics.to_string()])
             .args(flags)
@@ -175,6 +201,34 @@ impl Reconciler {
             metrics,
             log,
         }
+    }
+
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success());
+    }
+
+    /// Waits (bounded) for the process to exit.
+    async fn exited(&mut self) -> std::process::ExitStatus {
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "reconcile did not exit within {TIMEOUT:?}\n{}",
+                self.log_tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn log_tail(&self) -> String {
@@ -641,5 +695,114 @@ async fn a_jobset_mode_jobset_asking_for_a_network_policy_gets_one_owned_by_it()
         "{collected:?}"
     );
     assert!(api.get(NETWORK_POLICIES, &key).is_err());
+    assert_eq!(api.stats().unexpected, Vec::<String>::new());
+}
+
+/// The Lease's holder, if the Lease exists and has one.
+fn lease_holder(api: &FakeApi) -> Option<String> {
+    api.get(LEASES, &(LEASE_NAMESPACE.into(), LEASE.into()))
+        .ok()
+        .and_then(|lease| str_at(&lease, "/spec/holderIdentity").map(String::from))
+}
+
+/// A MicroTime of the Lease (`2026-01-01T00:00:00.123456Z`).
+fn lease_time(lease: &Value, field: &str) -> std::time::SystemTime {
+    let text = str_at(lease, &format!("/spec/{field}"))
+        .unwrap_or_else(|| panic!("spec.{field} in {lease}"));
+    humantime::parse_rfc3339(text).unwrap_or_else(|e| panic!("spec.{field} {text:?}: {e}"))
+}
+
+/// On SIGTERM the leading `--leader-elect` replica stops its controller, releases the Lease
+/// (holderIdentity cleared, as client-go's ReleaseOnCancel does) and exits 0; the standby takes
+/// the Lease at its next recheck and writes (here: repairs an edit made while nobody led),
+/// without waiting for the released term to expire.
+#[tokio::test]
+async fn a_leader_that_gets_sigterm_releases_the_lease_and_the_standby_takes_over() {
+    let cluster = cluster(Authorizer::shipped()).await;
+    let api = &cluster.api;
+    let mut leader = Reconciler::start_leader(&cluster, "replica-a");
+    leader
+        .wait_for("replica-a to hold the Lease", || {
+            lease_holder(api).as_deref() == Some("replica-a")
+        })
+        .await;
+    leader
+        .wait_for("replica-a's ConfigMap", || ours_applied(api))
+        .await;
+    let mut standby = Reconciler::start_leader(&cluster, "replica-b");
+    let standby_log = standby.log.clone();
+    standby
+        .wait_for("replica-b to run as a standby", || {
+            std::fs::read_to_string(&standby_log)
+                .is_ok_and(|log| log.contains("leader election on"))
+        })
+        .await;
+    assert_eq!(lease_holder(api).as_deref(), Some("replica-a"));
+    // When replica-a's term would end at the latest, had it not released the Lease (a renewal
+    // after this read only moves that later).
+    let term = api
+        .get(LEASES, &(LEASE_NAMESPACE.into(), LEASE.into()))
+        .expect("the Lease");
+    let term_end = lease_time(&term, "renewTime") + Duration::from_secs(LEASE_DURATION_SECS);
+
+    leader.terminate();
+    let sigterm = Instant::now();
+    let status = leader.exited().await;
+    assert!(
+        status.success(),
+        "exit status {status}\n{}",
+        leader.log_tail()
+    );
+    let log = leader.log_text();
+    let released = log
+        .find("released the Lease")
+        .expect("released, in the log");
+    assert!(
+        log.find("shutting down").is_some_and(|at| at < released),
+        "the controller stopped before the release\n{log}"
+    );
+    assert_ne!(
+        lease_holder(api).as_deref(),
+        Some("replica-a"),
+        "the leader released its Lease before exiting"
+    );
+    // Something to write for whoever leads next.
+    api.merge_patch(
+        CONFIGMAPS,
+        configmap_key(),
+        &json!({"data": {"hostfile": "edited\n"}}),
+        "kubectl-edit",
+    )
+    .expect("edit");
+
+    standby
+        .wait_for("replica-b to take the Lease and repair the edit", || {
+            lease_holder(api).as_deref() == Some("replica-b")
+                && api
+                    .get(CONFIGMAPS, &configmap_key())
+                    .is_ok_and(|c| c["data"]["hostfile"] == HOSTFILE)
+        })
+        .await;
+    // A generous bound for a loaded machine: the standby rechecks every 2 s, so it writes within
+    // a few seconds; waiting for the released term to expire could take the whole Lease duration.
+    let took = sigterm.elapsed();
+    assert!(
+        took < Duration::from_secs(LEASE_DURATION_SECS),
+        "the standby wrote {took:?} after the leader's SIGTERM\n{}",
+        standby.log_tail()
+    );
+    assert!(standby.log_text().contains("is_leader=true"));
+    // The standby did not wait for the released term to run out (it ends 5 to 15 s after any
+    // moment, since the holder renews 5 s before expiry).
+    let taken = api
+        .get(LEASES, &(LEASE_NAMESPACE.into(), LEASE.into()))
+        .expect("the Lease");
+    let acquired = lease_time(&taken, "acquireTime");
+    assert!(
+        acquired < term_end,
+        "replica-b acquired the Lease at {acquired:?}, after replica-a's term would have ended \
+         ({term_end:?})"
+    );
+    assert_eq!(configmap_applies(api).1, 1, "one forced apply: the repair");
     assert_eq!(api.stats().unexpected, Vec::<String>::new());
 }

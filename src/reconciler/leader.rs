@@ -24,6 +24,21 @@ pub type TermEnd = Pin<Box<dyn Future<Output = ()> + Send + Sync>>;
 
 /// Pause before building a new manager after an error.
 const RETRY_DELAY: Duration = Duration::from_secs(2);
+/// How often a standby looks at the Lease again (client-go's `RetryPeriod`). The manager alone
+/// sleeps until the holder's Lease would expire, so a Lease released early (a leader that got
+/// SIGTERM) would wait for the full duration; a fresh manager reads the Lease as it is now.
+const STANDBY_RECHECK: Duration = Duration::from_secs(2);
+
+/// Why [`hold`] returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    /// Shutdown was requested.
+    Shutdown,
+    /// The manager failed; this replica stepped down.
+    Failed,
+    /// A standby's recheck is due.
+    Recheck,
+}
 
 /// Where the Lease lives and who we are.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,15 +65,20 @@ pub async fn elect(
             _ = shutdown.wait_for(|stop| *stop) => return,
         };
         match manager {
-            Ok(manager) => {
-                if hold(&manager, &leader, &mut shutdown).await {
+            Ok(manager) => match hold(&manager, &leader, &mut shutdown).await {
+                Held::Shutdown => {
                     leader.send_replace(false);
-                    if let Err(error) = manager.release().await {
-                        tracing::warn!(%error, "releasing the Lease on shutdown");
+                    // Clears holderIdentity and leaseDurationSeconds, as client-go's
+                    // ReleaseOnCancel does: a standby takes the Lease at its next recheck.
+                    match manager.release().await {
+                        Ok(()) => tracing::info!(lease = %settings.name, "released the Lease"),
+                        Err(error) => tracing::warn!(%error, "releasing the Lease on shutdown"),
                     }
                     return;
                 }
-            }
+                Held::Recheck => continue,
+                Held::Failed => {}
+            },
             Err(error) => tracing::warn!(%error, lease = %settings.name, "Lease manager"),
         }
         leader.send_replace(false);
@@ -82,13 +102,15 @@ async fn build(
         .await
 }
 
-/// Follows the manager's state changes; returns `true` on shutdown, `false` after an error.
+/// Follows the manager's state changes until shutdown, an error, or (while not leading) the
+/// standby's recheck.
 async fn hold(
     manager: &LeaseManager,
     leader: &watch::Sender<bool>,
     shutdown: &mut watch::Receiver<bool>,
-) -> bool {
+) -> Held {
     loop {
+        let standby = !*leader.borrow();
         tokio::select! {
             changed = manager.changed() => match changed {
                 Ok(is_leader) => {
@@ -97,10 +119,12 @@ async fn hold(
                 }
                 Err(error) => {
                     tracing::warn!(%error, "Lease renewal failed: stepping down");
-                    return false;
+                    return Held::Failed;
                 }
             },
-            _ = shutdown.wait_for(|stop| *stop) => return true,
+            // Only a standby: dropping a holder's manager mid-renewal is never needed.
+            () = tokio::time::sleep(STANDBY_RECHECK), if standby => return Held::Recheck,
+            _ = shutdown.wait_for(|stop| *stop) => return Held::Shutdown,
         }
     }
 }

@@ -13,7 +13,11 @@
 //!   `force=true` taking the fields over, fields the applier no longer sets removed unless
 //!   another manager owns them, and updates (create, merge patch) owning what they changed;
 //! - **resourceVersion** that changes only when the object (or its ownership) really changes: a
-//!   no-op apply or patch keeps it and sends no watch event;
+//!   no-op apply or patch keeps it and sends no watch event; a patch or apply whose body carries
+//!   `metadata.resourceVersion` is a precondition: another version is a 409 Conflict worded as
+//!   the API server's optimistic-lock error;
+//! - an apply body without `metadata.name` (kube-lease-manager's Lease patches) is the object the
+//!   URL names, as the API server takes it; a different name is a 400;
 //! - optionally **RBAC** ([`Authorizer`], e.g. from `manifests/base/rbac.yaml`): every HTTP
 //!   request is taken to come from the ServiceAccount `mpi-webhook/mpi-webhook` and is refused
 //!   403 as the API server words it unless granted; in-process calls (`FakeApi::apply`, …) play
@@ -26,7 +30,7 @@
 //!   garbage collector of kube-controller-manager does.
 //!
 //! Not modelled: validation, defaulting, other admission, generateName, HTTP DELETE, PUT, JSON patch,
-//! subresources, Leases, bookmarks, watch cache expiry (410). A request it does not implement is
+//! subresources, bookmarks, watch cache expiry (410). A request it does not implement is
 //! answered 404, 405 or 501 and recorded in [`Stats::unexpected`].
 //!
 //! Its own tests are `tests/fake_apiserver/tests.rs`, run by `tests/reconcile_process.rs`.
@@ -159,8 +163,18 @@ pub const EVENTS: &Kind = &Kind {
     namespaced: true,
 };
 
-/// Every resource of `src/api_calls.rs` for `reconcile` except Leases (no `--leader-elect`).
+/// Leases (`reconcile --leader-elect`).
+pub const LEASES: &Kind = &Kind {
+    group: "coordination.k8s.io",
+    version: "v1",
+    plural: "leases",
+    kind: "Lease",
+    namespaced: true,
+};
+
+/// Every resource of `src/api_calls.rs` for `reconcile`.
 pub const KINDS: &[&Kind] = &[
+    LEASES,
     TRAINJOBS,
     TRAINING_RUNTIMES,
     CLUSTER_RUNTIMES,
@@ -589,8 +603,35 @@ enum Caller {
     InProcess,
 }
 
-/// A body without what clients may not set: `managedFields` (the server keeps them),
-/// `resourceVersion` (no optimistic concurrency is modelled).
+/// A body without what clients may not set: `managedFields` (the server keeps them) and
+/// `resourceVersion` (checked first by [`precondition`], never stored as sent).
+/// The optimistic-lock check of a write whose `body` carries `metadata.resourceVersion`: it
+/// must be the stored object's, else 409 Conflict as the API server words it
+/// (`OptimisticLockErrorMsg` in k8s.io/apiserver's registry store).
+fn precondition(kind: &Kind, key: &Key, stored: &Value, body: &Value) -> Result<(), ApiError> {
+    let Some(sent) = str_at(body, "/metadata/resourceVersion").filter(|rv| !rv.is_empty()) else {
+        return Ok(());
+    };
+    if str_at(stored, "/metadata/resourceVersion") == Some(sent) {
+        return Ok(());
+    }
+    let resource = if kind.group.is_empty() {
+        kind.plural.to_string()
+    } else {
+        format!("{}.{}", kind.plural, kind.group)
+    };
+    Err(ApiError::new(
+        StatusCode::CONFLICT,
+        "Conflict",
+        format!(
+            "Operation cannot be fulfilled on {resource} {:?}: the object has been modified; \
+             please apply your changes to the latest version and try again",
+            key.1
+        ),
+    )
+    .with_details(json!({"name": key.1, "group": kind.group, "kind": kind.plural})))
+}
+
 fn scrub(mut object: Value) -> Value {
     if let Some(metadata) = object.get_mut("metadata").and_then(Value::as_object_mut) {
         metadata.remove("managedFields");
@@ -747,16 +788,34 @@ impl FakeApi {
         manager: &str,
         force: bool,
     ) -> Result<(Arc<Value>, bool), ApiError> {
-        let body = scrub(body);
+        let mut body = body;
+        // The API server applies a body without a name to the object the URL names.
+        if str_at(&body, "/metadata/name").is_none() {
+            metadata_mut(&mut body)?.insert("name".into(), json!(key.1));
+        }
+        match str_at(&body, "/metadata/name") {
+            Some(name) if name != key.1 => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({name}) does not match the name on the URL ({})",
+                    key.1
+                )));
+            }
+            _ => {}
+        }
         if key_of(kind, Some(&key.0), &body)? != key {
             return Err(ApiError::bad_request(
-                "the body's name does not match the URL",
+                "the body's namespace does not match the URL",
             ));
         }
+        let sent = body.clone();
+        let body = scrub(body);
         let manager = Manager::apply(manager, &kind.api_version());
         let (object, changed, created) = {
             let mut state = lock(&self.state);
             let current = state.current(kind, &key);
+            if let Some((stored, _)) = &current {
+                precondition(kind, &key, stored, &sent)?;
+            }
             let live = current
                 .as_ref()
                 .map(|(object, entries)| (object.as_ref(), entries.as_slice()));
@@ -810,6 +869,7 @@ impl FakeApi {
             let (current, entries) = state
                 .current(kind, &key)
                 .ok_or_else(|| ApiError::not_found(kind, &key.1))?;
+            precondition(kind, &key, &current, patch)?;
             let mut merged = current.as_ref().clone();
             json_patch::merge(&mut merged, &scrub(patch.clone()));
             let merged = scrub(merged);

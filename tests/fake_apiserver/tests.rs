@@ -237,6 +237,148 @@ fn a_no_op_merge_patch_keeps_the_resource_version() {
     );
 }
 
+fn lease_key() -> Key {
+    ("mpi-webhook".into(), "mpi-webhook-reconciler".into())
+}
+
+/// An apply of `holder` as kube-lease-manager sends it: no `metadata` at all.
+fn lease_lock(holder: &str) -> Value {
+    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+           "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15,
+                    "renewTime": "2026-01-01T00:00:00.000000Z"}})
+}
+
+#[test]
+fn a_stale_resource_version_in_a_patch_or_apply_is_a_conflict() {
+    let api = FakeApi::new();
+    let created = api
+        .create(
+            LEASES,
+            Some("mpi-webhook"),
+            json!({"metadata": {"name": "mpi-webhook-reconciler"}, "spec": {}}),
+            "kube-lease-manager-a",
+        )
+        .expect("create");
+    let stale = rv(&created).to_string();
+    let patched = api
+        .merge_patch(
+            LEASES,
+            lease_key(),
+            &json!({"metadata": {"resourceVersion": stale}, "spec": {"leaseDurationSeconds": 15}}),
+            "kube-lease-manager-a",
+        )
+        .expect("a patch at the current resourceVersion");
+    assert_ne!(rv(&patched), stale);
+    let message = "Operation cannot be fulfilled on leases.coordination.k8s.io \
+                   \"mpi-webhook-reconciler\": the object has been modified; please apply your \
+                   changes to the latest version and try again";
+    let error = api
+        .merge_patch(
+            LEASES,
+            lease_key(),
+            &json!({"metadata": {"resourceVersion": stale}, "spec": {"leaseDurationSeconds": 5}}),
+            "kube-lease-manager-b",
+        )
+        .expect_err("refused");
+    assert_eq!(
+        (error.code, error.reason),
+        (StatusCode::CONFLICT, "Conflict")
+    );
+    assert_eq!(error.message, message);
+    let mut apply = lease_lock("b");
+    apply["metadata"] = json!({"resourceVersion": stale});
+    let error = api
+        .apply(LEASES, lease_key(), apply, "kube-lease-manager-b", true)
+        .expect_err("refused");
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (StatusCode::CONFLICT, message)
+    );
+    assert_eq!(
+        api.get(LEASES, &lease_key()).expect("the Lease")["spec"],
+        json!({"leaseDurationSeconds": 15})
+    );
+}
+
+/// The calls kube-lease-manager makes: lock by a nameless apply, a second applier conflicts on
+/// holderIdentity, release by a merge patch of nulls, then the second applier locks.
+#[test]
+fn a_lease_is_locked_by_apply_and_released_by_a_patch_of_nulls() {
+    let api = FakeApi::new();
+    api.create(
+        LEASES,
+        Some("mpi-webhook"),
+        json!({"metadata": {"name": "mpi-webhook-reconciler"}, "spec": {}}),
+        "kube-lease-manager-a",
+    )
+    .expect("create");
+    let (locked, created) = api
+        .apply(
+            LEASES,
+            lease_key(),
+            lease_lock("a"),
+            "kube-lease-manager-a",
+            false,
+        )
+        .expect("lock");
+    assert!(!created);
+    assert_eq!(
+        str_at(&locked, "/metadata/name"),
+        Some("mpi-webhook-reconciler")
+    );
+    assert_eq!(str_at(&locked, "/spec/holderIdentity"), Some("a"));
+    let error = api
+        .apply(
+            LEASES,
+            lease_key(),
+            lease_lock("b"),
+            "kube-lease-manager-b",
+            false,
+        )
+        .expect_err("refused");
+    assert_eq!(error.code, StatusCode::CONFLICT);
+    assert!(
+        error.message.contains(".spec.holderIdentity"),
+        "{}",
+        error.message
+    );
+
+    let released = api
+        .merge_patch(
+            LEASES,
+            lease_key(),
+            &json!({"spec": {"acquireTime": null, "renewTime": null, "holderIdentity": null,
+                             "leaseDurationSeconds": null}}),
+            "kube-lease-manager-a",
+        )
+        .expect("release");
+    assert_eq!(released["spec"], json!({}));
+    let (locked, _) = api
+        .apply(
+            LEASES,
+            lease_key(),
+            lease_lock("b"),
+            "kube-lease-manager-b",
+            false,
+        )
+        .expect("the released Lease is free");
+    assert_eq!(str_at(&locked, "/spec/holderIdentity"), Some("b"));
+
+    let mut renamed = lease_lock("b");
+    renamed["metadata"] = json!({"name": "other"});
+    let error = api
+        .apply(LEASES, lease_key(), renamed, "kube-lease-manager-b", false)
+        .expect_err("refused");
+    assert_eq!(
+        (error.code, error.message.as_str()),
+        (
+            StatusCode::BAD_REQUEST,
+            "the name of the object (other) does not match the name on the URL \
+             (mpi-webhook-reconciler)"
+        )
+    );
+}
+
 fn create_attributes() -> Attributes<'static> {
     Attributes {
         verb: "create",
