@@ -9,6 +9,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
 use mpi_webhook::api_calls::{API_CALLS, RECONCILE, SERVE};
 use pretty_assertions::assert_eq;
@@ -409,7 +410,19 @@ fn the_deployment_runs_serve_and_reconcile_from_one_image_as_the_contract_says()
             "/etc/mpi-webhook/tls/tls.key",
             "--metrics-listen",
             "0.0.0.0:9090",
+            "--shutdown-delay",
+            "5s",
         ]
+    );
+    // The kubelet must wait for the shutdown delay plus the drain before it kills the pod.
+    let delay = Duration::from_secs(5);
+    let drain = mpi_webhook::serve::ServeOptions::DEFAULT_SHUTDOWN_GRACE;
+    let grace = pod["terminationGracePeriodSeconds"]
+        .as_u64()
+        .expect("terminationGracePeriodSeconds");
+    assert!(
+        Duration::from_secs(grace) > delay + drain,
+        "terminationGracePeriodSeconds {grace} does not cover delay {delay:?} + drain {drain:?}"
     );
     for (probe, path) in [("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")] {
         let get = &webhook[probe]["httpGet"];
