@@ -24,10 +24,11 @@ use crate::mpi::ssh_secret::generate_key_pair;
 use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
 use crate::objects::cluster::{CacheMetrics, ClusterObjects, reflect};
 
-use super::jobset::{JobSetContext, jobset_error_policy, reconcile_jobset};
+use super::context::{Context, ContextParts};
+use super::error::Error;
 use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};
 use super::metrics::{Probes, ReconcileMetrics, probes_router};
-use super::{Context, Error, error_policy, reconcile};
+use super::reconcile::{error_policy, reconcile};
 
 /// Timeout of every Lease request: below the renewal grace, so a hung renewal fails (and the
 /// replica steps down) before the Lease can expire and be taken by another replica.
@@ -223,11 +224,7 @@ pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: T
         .for_each(logged);
     let jobsets = jobset_controller(&shared.client)
         .graceful_shutdown_on(stop)
-        .run(
-            reconcile_jobset,
-            jobset_error_policy,
-            Arc::new(JobSetContext::new(ctx)),
-        )
+        .run(reconcile, error_policy, ctx)
         .for_each(logged);
     futures::future::join(train_jobs, jobsets).await;
     shared.metrics.set_leader(false);
@@ -295,17 +292,18 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
         cluster_store,
         metrics.clone(),
     );
-    let ctx = Context::new(
-        client.clone(),
+    let ctx = Context::new(ContextParts {
+        client: client.clone(),
         objects,
-        secrets_store,
-        configmaps_store,
-        shared.recorder.clone(),
-        shared.metrics.clone(),
+        secrets: secrets_store,
+        configmaps: configmaps_store,
+        network_policies: policies_store,
+        recorder: shared.recorder.clone(),
+        metrics: shared.metrics.clone(),
         leader,
-        generate_key_pair,
-    )
-    .with_network_policies(policies_store, shared.network_policy_default);
+        keygen: generate_key_pair,
+        network_policy_default: shared.network_policy_default,
+    });
     let jobs_stream = reflect(
         watcher(Api::all(client.clone()), watcher::Config::default()),
         jobs,

@@ -22,10 +22,14 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use kube::runtime::reflector::ObjectRef;
+
+use super::context::RETRY_MAX;
 use super::run::{Shared, lead, managed_selector, users_of};
+use super::writes::applied;
 use super::*;
 use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
-use crate::mpi::ssh_secret::SshKeyPair;
+use crate::mpi::ssh_secret::{KeyError, SshKeyPair};
 use crate::objects::cluster::tests::synced_store;
 use crate::objects::cluster::{CacheMetrics, ClusterObjects};
 
@@ -201,20 +205,18 @@ fn fixture(caches: Caches) -> Fixture {
         controller: "mpi-webhook".into(),
         instance: Some("test".into()),
     };
-    let ctx = Context::new(
-        client.clone(),
+    let ctx = Context::new(ContextParts {
+        client: client.clone(),
         objects,
-        synced_store((), secrets),
-        synced_store((), caches.configmap.into_iter().collect()),
-        Recorder::new(client, reporter),
-        metrics.clone(),
-        leader_rx,
-        fixed_keys,
-    )
-    .with_network_policies(
-        synced_store((), caches.network_policy.into_iter().collect()),
-        caches.network_policy_default,
-    );
+        secrets: synced_store((), secrets),
+        configmaps: synced_store((), caches.configmap.into_iter().collect()),
+        network_policies: synced_store((), caches.network_policy.into_iter().collect()),
+        recorder: Recorder::new(client, reporter),
+        metrics: metrics.clone(),
+        leader: leader_rx,
+        keygen: fixed_keys,
+        network_policy_default: caches.network_policy_default,
+    });
     Fixture {
         ctx: Arc::new(ctx),
         server: ApiServer(handle),
@@ -575,7 +577,7 @@ async fn secret_get_error_creates_nothing_and_is_retried_with_backoff() {
                 let (type_, reason, note) = server.event().await;
                 assert_eq!(
                     (type_.as_str(), reason.as_str()),
-                    ("Warning", FAILED_REASON)
+                    ("Warning", TrainJob::FAILED_REASON)
                 );
                 assert!(
                     note.starts_with("failed to get the SSH auth Secret"),
@@ -631,7 +633,7 @@ async fn missing_runtime_publishes_a_warning_and_requeues() {
         let (type_, reason, note) = api.event().await;
         assert_eq!(
             (type_.as_str(), reason.as_str()),
-            ("Warning", FAILED_REASON)
+            ("Warning", TrainJob::FAILED_REASON)
         );
         assert_eq!(note, r#"ClusterTrainingRuntime "deepspeed" not found"#);
     })
@@ -703,16 +705,18 @@ async fn concurrent_reconciles_all_resume_when_the_caches_become_ready() {
     let mut secrets = Writer::<PartialObjectMeta<Secret>>::new(());
     let mut configmaps = Writer::<ConfigMap>::new(());
     let (_leader, leader_rx) = watch::channel(true);
-    let ctx = Arc::new(Context::new(
-        client.clone(),
+    let ctx = Arc::new(Context::new(ContextParts {
+        client: client.clone(),
         objects,
-        secrets.as_reader(),
-        configmaps.as_reader(),
-        Recorder::new(client, Reporter::from("mpi-webhook")),
-        ReconcileMetrics::default(),
-        leader_rx,
-        fixed_keys,
-    ));
+        secrets: secrets.as_reader(),
+        configmaps: configmaps.as_reader(),
+        network_policies: synced_store((), vec![]),
+        recorder: Recorder::new(client, Reporter::from("mpi-webhook")),
+        metrics: ReconcileMetrics::default(),
+        leader: leader_rx,
+        keygen: fixed_keys,
+        network_policy_default: false,
+    }));
     let waiting: Vec<_> = (0..3)
         .map(|_| tokio::spawn(reconcile(Arc::new(train_job()), ctx.clone())))
         .collect();
@@ -1112,7 +1116,6 @@ async fn a_failed_network_policy_apply_writes_nothing_else_and_is_retried() {
 mod jobset_mode {
     use super::*;
     use crate::api::JobSet;
-    use crate::reconciler::jobset::{JobSetContext, reconcile_jobset};
     use pretty_assertions::assert_eq;
 
     fn jobset(implementation: &str) -> JobSet {
@@ -1144,8 +1147,7 @@ mod jobset_mode {
         jobset: JobSet,
         script: impl Future<Output = ()> + Send + 'static,
     ) -> Result<Action, Error> {
-        let jobsets = Arc::new(JobSetContext::new(Arc::clone(ctx)));
-        scripted(reconcile_jobset(Arc::new(jobset), jobsets), script)
+        scripted(reconcile(Arc::new(jobset), Arc::clone(ctx)), script)
             .await
             .0
     }
@@ -1285,6 +1287,27 @@ mod jobset_mode {
             }
         })
         .await;
-        assert_eq!(result.expect_err("policy").metric_label(), "policy");
+        let error = result.expect_err("policy");
+        assert_eq!(error.metric_label(), "policy");
+        // Settings are fixed at creation: retrying soon cannot help.
+        assert_eq!(
+            error_policy(Arc::new(jobset("LAM")), &error, f.ctx.clone()),
+            Action::requeue(RETRY_MAX)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_jobset_and_a_trainjob_of_the_same_name_back_off_apart() {
+        let f = fixture(Caches::default());
+        let error = Error::NotLeader;
+        let delays = [
+            error_policy(Arc::new(train_job()), &error, f.ctx.clone()),
+            error_policy(Arc::new(train_job()), &error, f.ctx.clone()),
+            error_policy(Arc::new(jobset("OpenMPI")), &error, f.ctx.clone()),
+        ];
+        assert_eq!(
+            delays,
+            [1, 2, 1].map(|s| Action::requeue(Duration::from_secs(s)))
+        );
     }
 }

@@ -1,0 +1,301 @@
+//! What a reconcile needs ([`Context`], one per leadership term), built from named parts, and
+//! the state it keeps between reconciles: retry counters and the objects applied but not seen
+//! again by their watch yet.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::core::{DynamicObject, PartialObjectMeta};
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use tokio::sync::watch;
+
+use crate::mpi::ssh_secret::{KeyError, SshKeyPair};
+use crate::objects::cluster::ClusterObjects;
+
+use super::error::Error;
+use super::metrics::ReconcileMetrics;
+
+/// First retry delay after a failed reconcile; doubled on every further failure.
+const RETRY_BASE: Duration = Duration::from_secs(1);
+/// Longest retry delay, and the delay for problems only a change to the owner or its runtime
+/// can fix (those changes trigger a reconcile through the watches anyway).
+pub(super) const RETRY_MAX: Duration = Duration::from_secs(300);
+/// How long a reconcile waits for the owned-object caches before deciding without them (a
+/// cache miss then costs a GET and an apply, never a wrong write).
+const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a [`Context`] is made of: the client, one leadership term's caches and the settings.
+pub struct ContextParts {
+    /// The client every write goes through.
+    pub client: Client,
+    /// TrainJob and runtime lookups (watch caches with a GET fallback).
+    pub objects: ClusterObjects,
+    /// Metadata of the Secrets we created (label-selected; never Secret data).
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// The ConfigMaps we applied (label-selected).
+    pub configmaps: Store<ConfigMap>,
+    /// The NetworkPolicies we applied (label-selected).
+    pub network_policies: Store<NetworkPolicy>,
+    /// Publishes the Events on the owners.
+    pub recorder: Recorder,
+    /// Counts reconciles, writes and failures.
+    pub metrics: ReconcileMetrics,
+    /// `true` while this replica may write (always, without `--leader-elect`).
+    pub leader: watch::Receiver<bool>,
+    /// Makes SSH key pairs.
+    pub keygen: fn() -> Result<SshKeyPair, KeyError>,
+    /// `--network-policy-default`.
+    pub network_policy_default: bool,
+}
+
+/// Everything a reconcile needs. One per leadership term (the caches belong to its watches).
+pub struct Context {
+    pub(super) client: Client,
+    /// TrainJob and runtime lookups (watch caches with a GET fallback).
+    pub(super) objects: ClusterObjects,
+    /// Metadata of the Secrets we created (label-selected; never Secret data).
+    pub(super) secrets: Store<PartialObjectMeta<Secret>>,
+    /// The ConfigMaps we applied (label-selected).
+    pub(super) configmaps: Store<ConfigMap>,
+    pub(super) recorder: Recorder,
+    pub(super) metrics: ReconcileMetrics,
+    pub(super) leader: watch::Receiver<bool>,
+    pub(super) retries: Retries,
+    pub(super) keygen: fn() -> Result<SshKeyPair, KeyError>,
+    /// Resolves once every cache above holds its initial list. Reconciles wait on clones of
+    /// this one future, never on the stores themselves: kube's `Store::wait_until_ready`
+    /// keeps only the last waiting task's waker, so when several reconciles waited on a store
+    /// at once (the first `CONCURRENCY` after a start) all but one slept until
+    /// [`CACHE_SYNC_TIMEOUT`]. `Shared` wakes every clone.
+    pub(super) caches_ready: Shared<BoxFuture<'static, ()>>,
+    /// ConfigMaps applied but not yet seen again by the ConfigMap watch.
+    pub(super) applied: Arc<AppliedConfigMaps>,
+    /// The NetworkPolicies we applied (label-selected).
+    pub(super) network_policies: Store<NetworkPolicy>,
+    /// NetworkPolicies applied but not yet seen again by their watch.
+    pub(super) applied_policies: Arc<Applied<NetworkPolicy>>,
+    /// `--network-policy-default`.
+    pub(super) network_policy_default: bool,
+}
+
+impl Context {
+    /// A context over one leadership term's caches. `leader` gates every write; `keygen`
+    /// makes key pairs (tests pass a deterministic one).
+    pub fn new(parts: ContextParts) -> Self {
+        let ContextParts {
+            client,
+            objects,
+            secrets,
+            configmaps,
+            network_policies,
+            recorder,
+            metrics,
+            leader,
+            keygen,
+            network_policy_default,
+        } = parts;
+        let caches_ready = caches_ready(&secrets, &configmaps, &network_policies, &objects);
+        Self {
+            client,
+            objects,
+            secrets,
+            configmaps,
+            recorder,
+            metrics,
+            leader,
+            retries: Retries::default(),
+            keygen,
+            caches_ready,
+            applied: Arc::default(),
+            network_policies,
+            applied_policies: Arc::default(),
+            network_policy_default,
+        }
+    }
+
+    /// What the NetworkPolicy watch must be shown, as [`Self::applied_configmaps`].
+    pub fn applied_network_policies(&self) -> Arc<Applied<NetworkPolicy>> {
+        Arc::clone(&self.applied_policies)
+    }
+
+    /// What the ConfigMap watch must be shown (every event, after the cache applied it), so
+    /// that a reconcile can tell its own recent applies from a cache that missed a change.
+    pub fn applied_configmaps(&self) -> Arc<AppliedConfigMaps> {
+        Arc::clone(&self.applied)
+    }
+
+    /// Checked right before every write, so a replica that lost its Lease stops writing even
+    /// while the controller is still shutting down.
+    pub(super) fn ensure_leader(&self) -> Result<(), Error> {
+        if *self.leader.borrow() {
+            Ok(())
+        } else {
+            Err(Error::NotLeader)
+        }
+    }
+
+    pub(super) async fn caches_synced(&self) {
+        if tokio::time::timeout(CACHE_SYNC_TIMEOUT, self.caches_ready.clone())
+            .await
+            .is_err()
+        {
+            tracing::debug!("caches not synced yet; deciding with GETs");
+        }
+    }
+
+    /// Publishes an Event on `regarding` (the TrainJob, or in JobSet mode the JobSet).
+    pub(super) async fn publish<K: Resource<DynamicType = ()>>(
+        &self,
+        regarding: &K,
+        type_: EventType,
+        reason: &str,
+        note: String,
+    ) {
+        let event = Event {
+            type_,
+            reason: reason.to_string(),
+            note: Some(note),
+            action: "Reconcile".to_string(),
+            secondary: None,
+        };
+        if let Err(error) = self
+            .recorder
+            .publish(&event, &regarding.object_ref(&()))
+            .await
+        {
+            tracing::warn!(%error, reason, "publishing an Event failed");
+        }
+    }
+}
+
+/// One future that resolves once every cache holds its initial list (see `caches_ready`).
+fn caches_ready(
+    secrets: &Store<PartialObjectMeta<Secret>>,
+    configmaps: &Store<ConfigMap>,
+    network_policies: &Store<NetworkPolicy>,
+    objects: &ClusterObjects,
+) -> Shared<BoxFuture<'static, ()>> {
+    let (secrets, configmaps, network_policies, objects) = (
+        secrets.clone(),
+        configmaps.clone(),
+        network_policies.clone(),
+        objects.clone(),
+    );
+    async move {
+        let _ = secrets.wait_until_ready().await;
+        let _ = configmaps.wait_until_ready().await;
+        let _ = network_policies.wait_until_ready().await;
+        let _ = objects.synced().await;
+    }
+    .boxed()
+    .shared()
+}
+
+/// Per-owner (TrainJob or JobSet) failure counters for exponential backoff; reset by a
+/// successful reconcile. Keyed by the erased reference, so both controllers share one.
+#[derive(Debug, Default)]
+pub(super) struct Retries(Mutex<HashMap<ObjectRef<DynamicObject>, u32>>);
+
+impl Retries {
+    /// Bound on remembered owners (a deleted failing owner leaves its counter behind).
+    const MAX_ENTRIES: usize = 10_000;
+
+    /// The delay before the next attempt for `owner`: [`RETRY_MAX`] for a failure that only a
+    /// change can fix ([`Error::retries_slowly`]), else [`RETRY_BASE`] doubled on every
+    /// failure in a row, up to [`RETRY_MAX`].
+    pub(super) fn next_delay(&self, owner: ObjectRef<DynamicObject>, error: &Error) -> Duration {
+        if error.retries_slowly() {
+            return RETRY_MAX;
+        }
+        let mut failures = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if failures.len() >= Self::MAX_ENTRIES {
+            failures.clear();
+        }
+        let count = failures.entry(owner).or_insert(0);
+        *count = count.saturating_add(1);
+        RETRY_BASE
+            .saturating_mul(2u32.saturating_pow(*count - 1))
+            .min(RETRY_MAX)
+    }
+
+    pub(super) fn forget(&self, owner: &ObjectRef<DynamicObject>) {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(owner);
+    }
+}
+
+/// The objects (ConfigMaps, NetworkPolicies) this replica applied since their watch last said
+/// anything about them.
+///
+/// Without it, a reconcile that runs after an apply but before the watch event of that apply
+/// reaches the cache applies the same ConfigMap again and publishes a second `Created` Event.
+/// That is the common case right after a create: the Secret's own watch event triggers the
+/// next reconcile, often before the ConfigMap's event is in (1 to 3% of TrainJobs in the
+/// reconciler bench). While an entry is here, the API server holds what we applied (in the
+/// fields we own): it is recorded before the apply is sent, removed if the apply fails, and
+/// removed by any watch event for that ConfigMap (an edit, a deletion, or our own apply
+/// arriving); a relist, which may have missed deletions, removes them all. So a change by
+/// anybody else still reaches the cache, removes the entry and is repaired as before.
+/// The same holds for the NetworkPolicy ([`Applied`] of each kind).
+#[derive(Debug)]
+pub struct Applied<K: Resource<DynamicType = ()>>(Mutex<HashMap<ObjectRef<K>, K>>);
+
+/// The ConfigMaps this replica applied (see [`Applied`]).
+pub type AppliedConfigMaps = Applied<ConfigMap>;
+
+impl<K: Resource<DynamicType = ()>> Default for Applied<K> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + PartialEq> Applied<K> {
+    /// Bound on remembered ConfigMaps (an apply that changes nothing has no event to remove
+    /// its entry). Forgetting costs at most one more apply each.
+    const MAX_ENTRIES: usize = 10_000;
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashMap<ObjectRef<K>, K>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `desired` as about to be applied.
+    pub(super) fn expect(&self, key: ObjectRef<K>, desired: &K) {
+        let mut entries = self.entries();
+        if entries.len() >= Self::MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(key, desired.clone());
+    }
+
+    /// Whether `desired` is what we last applied and the watch has said nothing since.
+    pub(super) fn holds(&self, key: &ObjectRef<K>, desired: &K) -> bool {
+        self.entries().get(key) == Some(desired)
+    }
+
+    pub(super) fn forget(&self, key: &ObjectRef<K>) {
+        self.entries().remove(key);
+    }
+
+    /// Follows the object's watch (after its cache applied `event`).
+    pub fn observe(&self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Apply(object)
+            | watcher::Event::Delete(object)
+            | watcher::Event::InitApply(object) => {
+                self.forget(&ObjectRef::from_obj(object));
+            }
+            watcher::Event::Init => self.entries().clear(),
+            watcher::Event::InitDone => {}
+        }
+    }
+}
