@@ -89,8 +89,6 @@ pub(super) struct Shared {
 /// [`ReconcileError`] when the cluster configuration, the listener or the signal handler cannot
 /// be set up.
 pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
-    // The server installs the same provider in main; repeating it here is harmless.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let config = kube::Config::infer()
         .await
         .map_err(ReconcileError::Config)?;
