@@ -18,9 +18,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use fake_apiserver::authz::Authorizer;
 use fake_apiserver::{
-    Authorizer, CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, JOBSETS, Key, LEASES,
-    NETWORK_POLICIES, Options, SECRETS, TRAINJOBS, str_at, write_kubeconfig,
+    CLUSTER_RUNTIMES, CONFIGMAPS, EVENTS, FakeApi, JOBSETS, Key, LEASES, NETWORK_POLICIES, Options,
+    SECRETS, TRAINJOBS, str_at, write_kubeconfig,
 };
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
