@@ -902,9 +902,12 @@ fn sample_reviews_are_the_three_documented_cases() {
 }
 
 /// JobSet mode: one plain JobSet per implementation that `kubectl create` takes as is (the
-/// CRD schema is checked by tests/validate_manifests.py), `node` listed before `launcher` (JobSet
-/// lets a replicatedJob depend only on earlier ones), the launcher waiting for the workers, and
-/// an AdmissionReview of its CREATE carrying exactly that JobSet.
+/// CRD schema is checked by tests/validate_manifests.py), written minimally (images, the
+/// launcher's command, the counts; no command on the workers, no probe, no dependsOn: the
+/// webhook fills them in; one annotation, the mpioperator images' sshd port), `node` listed
+/// before `launcher` (JobSet lets a replicatedJob depend only on earlier ones, so the webhook
+/// can add the launcher's), and an AdmissionReview of its CREATE carrying exactly that JobSet
+/// (`scripts/sample-reviews.py` writes it).
 #[test]
 fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
     let samples: Vec<Value> = data_files(&manifests().join("samples"))
@@ -931,10 +934,45 @@ fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
             .map(|r| r["name"].as_str().expect("name"))
             .collect();
         assert_eq!(names, ["node", "launcher"], "{name}");
+        let keys = |value: &Value| -> Vec<String> {
+            let mut keys: Vec<String> = value
+                .as_object()
+                .expect("an object")
+                .keys()
+                .cloned()
+                .collect();
+            keys.sort();
+            keys
+        };
+        for (rjob, job, container) in [
+            (
+                &rjobs[0],
+                vec!["completions", "parallelism", "template"],
+                vec!["image", "name"],
+            ),
+            (
+                &rjobs[1],
+                vec!["template"],
+                vec!["command", "image", "name"],
+            ),
+        ] {
+            let at = format!("{name} {}", rjob["name"]);
+            assert_eq!(keys(rjob), ["name", "template"], "{at}: no dependsOn");
+            assert_eq!(keys(&rjob["template"]["spec"]), job, "{at}");
+            let pod = &rjob["template"]["spec"]["template"]["spec"];
+            assert_eq!(keys(pod), ["containers", "restartPolicy"], "{at}");
+            let containers = pod["containers"].as_array().expect("containers");
+            assert_eq!(containers.len(), 1, "{at}");
+            assert_eq!(
+                keys(&containers[0]),
+                container,
+                "{at}: no command, args or probe"
+            );
+        }
         assert_eq!(
-            rjobs[1]["dependsOn"],
-            json!([{"name": "node", "status": "Ready"}]),
-            "{name}"
+            jobset["metadata"]["annotations"],
+            json!({"mpi-webhook.io/ssh-port": "2222"}),
+            "{name}: the images' sshd port, nothing else"
         );
         let review = docs(&manifests().join(format!(
             "samples/reviews/jobset-mode-create-{}.json",
