@@ -968,6 +968,29 @@ async fn node_listed_after_the_launcher_gets_no_dependson_and_a_warning_saying_w
     assert_eq!(first.get("warnings"), None);
 }
 
+/// JobSet refuses `dependsOn` next to `startupPolicyOrder: InOrder` (a CEL rule of its CRD), and
+/// InOrder already starts the launcher once the workers are Ready: no dependsOn, no warning.
+#[tokio::test]
+async fn a_jobset_started_in_order_gets_no_dependson() {
+    let mut js = jobset("OpenMPI", json!({}), minimal_rjobs());
+    js["spec"]["startupPolicy"] = json!({"startupPolicyOrder": "InOrder"});
+    let mutated = defaulted(js, IMAGE).await;
+    assert_eq!(mutated["spec"]["replicatedJobs"][1].get("dependsOn"), None);
+    assert_eq!(
+        pod_spec(&mutated, 0)["containers"][0]["readinessProbe"],
+        json!({"tcpSocket": {"port": 22}}),
+        "the other defaults stay"
+    );
+    assert_eq!(validate(mutated).await.get("warnings"), None);
+    let mut js = jobset("OpenMPI", json!({}), minimal_rjobs());
+    js["spec"]["startupPolicy"] = json!({"startupPolicyOrder": "AnyOrder"});
+    let mutated = defaulted(js, IMAGE).await;
+    assert_eq!(
+        mutated["spec"]["replicatedJobs"][1]["dependsOn"],
+        json!([{"name": "node", "status": "Ready"}])
+    );
+}
+
 #[tokio::test]
 async fn no_preflight_without_an_image_or_with_the_annotation_false() {
     let js = defaulted(jobset("Intel", json!({}), minimal_rjobs()), "").await;

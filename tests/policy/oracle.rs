@@ -323,6 +323,9 @@ pub fn enforce_mpi_policy(
             ));
         }
     };
+    // JobSet refuses dependsOn next to `startupPolicyOrder: InOrder`.
+    let in_order =
+        jobset.pointer("/spec/startupPolicy/startupPolicyOrder") == Some(&json!("InOrder"));
     let mut node_before = false;
     for (i, rjob) in rjobs.iter().enumerate() {
         let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
@@ -335,7 +338,7 @@ pub fn enforce_mpi_policy(
             doc: rjob.clone(),
             ops: Vec::new(),
         };
-        let launcher = (name == LAUNCHER).then_some(node_before);
+        let launcher = (name == LAUNCHER).then_some(node_before && !in_order);
         enforce_replicated_job(&mut patcher, plan, &rjob_path, launcher)?;
         ops.append(&mut patcher.ops);
         node_before |= name == NODE;
@@ -343,7 +346,8 @@ pub fn enforce_mpi_policy(
     Ok(ops)
 }
 
-/// `launcher`: `Some(whether a node is listed before it)` for the launcher, `None` for `node`.
+/// `launcher`: for the launcher `Some(whether it may depend on node)` (node listed before it, no
+/// `startupPolicyOrder: InOrder`), `None` for `node`.
 fn enforce_replicated_job(
     patcher: &mut Patcher,
     plan: &MpiPlan,

@@ -74,7 +74,9 @@ pub fn enforce_mpi_policy(
     };
     let items = Items::new(plan);
     // Whether a `node` is listed before the replicatedJob at hand: JobSet lets a replicatedJob
-    // depend only on those listed before it.
+    // depend only on those listed before it, and on none under `startupPolicyOrder: InOrder`
+    // (the two are mutually exclusive; InOrder already starts the launcher after Ready workers).
+    let in_order = spec_in_order(&jobset.spec);
     let mut node_before = false;
     for (i, rjob) in rjobs.iter().enumerate() {
         let Element::Object(rjob) = rjob else {
@@ -88,7 +90,9 @@ pub fn enforce_mpi_policy(
         push_index(&mut path, i);
         let mut job = JobWriter::new(&mut patch, &mut path, rjob);
         let role = match name {
-            LAUNCHER => Role::Launcher { node_before },
+            LAUNCHER => Role::Launcher {
+                may_depend_on_node: node_before && !in_order,
+            },
             _ => Role::Node,
         };
         job.enforce(plan, &items, role)?;
@@ -98,11 +102,26 @@ pub fn enforce_mpi_policy(
     Ok(patch.finish())
 }
 
+/// Whether the JobSet asks `startupPolicy.startupPolicyOrder: InOrder`.
+fn spec_in_order(spec: &Slot<view::Spec<'_>>) -> bool {
+    match spec {
+        Slot::Present(spec) => match &spec.startup_policy {
+            Slot::Present(policy) => policy.startup_policy_order.as_deref() == Some(IN_ORDER),
+            Slot::Missing | Slot::Wrong(_) => false,
+        },
+        Slot::Missing | Slot::Wrong(_) => false,
+    }
+}
+
+/// JobSet's `startupPolicyOrder` that excludes `dependsOn`.
+const IN_ORDER: &str = "InOrder";
+
 /// Which of the two replicatedJobs the policy wires.
 #[derive(Debug, Clone, Copy)]
 enum Role {
-    /// `launcher`, with whether a `node` is listed before it.
-    Launcher { node_before: bool },
+    /// `launcher`, with whether JobSet lets it depend on `node`: `node` is listed before it and
+    /// the JobSet has no `startupPolicyOrder: InOrder`.
+    Launcher { may_depend_on_node: bool },
     /// `node`.
     Node,
 }
@@ -282,8 +301,13 @@ impl<'p, 'v> JobWriter<'p, 'v> {
             self.set_count("completions", completions, count)?;
         }
         // JobSet mode: the launcher waits for the workers' sshd, where JobSet allows it.
-        if let (Role::Launcher { node_before: true }, Some(defaults), Set(false)) =
-            (role, &items.defaults, self.depends_on)
+        if let (
+            Role::Launcher {
+                may_depend_on_node: true,
+            },
+            Some(defaults),
+            Set(false),
+        ) = (role, &items.defaults, self.depends_on)
         {
             let at = self.extend(&["dependsOn"]);
             self.patch.push("add", self.path, &defaults.depends_on);

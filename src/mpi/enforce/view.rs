@@ -87,6 +87,13 @@ pub struct JobSetView<'a> {
 #[derive(Debug, Default)]
 pub(super) struct Spec<'a> {
     pub replicated_jobs: Slot<Vec<Element<ReplicatedJob<'a>>>>,
+    pub startup_policy: Slot<StartupPolicy<'a>>,
+}
+
+/// `spec.startupPolicy`: JobSet refuses `dependsOn` next to `startupPolicyOrder: InOrder`.
+#[derive(Debug, Default)]
+pub(super) struct StartupPolicy<'a> {
+    pub startup_policy_order: Name<'a>,
 }
 
 /// A value read as an object of type `T`, or, when it is not an object, its JSON type.
@@ -336,7 +343,11 @@ macro_rules! object_view {
 }
 
 object_view!(JobSetView { "metadata" => metadata, "spec" => spec });
-object_view!(Spec { "replicatedJobs" => replicated_jobs });
+object_view!(Spec {
+    "replicatedJobs" => replicated_jobs,
+    "startupPolicy" => startup_policy,
+});
+object_view!(StartupPolicy { "startupPolicyOrder" => startup_policy_order });
 object_view!(ReplicatedJob {
     "name" => name,
     "dependsOn" => depends_on,
