@@ -968,6 +968,19 @@ async fn node_listed_after_the_launcher_gets_no_dependson_and_a_warning_saying_w
     assert_eq!(first.get("warnings"), None);
 }
 
+/// A pod's container names are unique across its init containers and containers: a launcher
+/// container the user named `mpi-preflight` keeps the name, and no pre-flight is added.
+#[tokio::test]
+async fn a_launcher_container_named_mpi_preflight_gets_no_preflight() {
+    let mut rjobs = minimal_rjobs();
+    rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] = json!([
+        container("launcher", json!({"command": ["mpirun", "hostname"]})),
+        container("mpi-preflight", json!({})),
+    ]);
+    let js = defaulted(jobset("OpenMPI", json!({}), rjobs), IMAGE).await;
+    assert_eq!(pod_spec(&js, 1).get("initContainers"), None);
+}
+
 /// JobSet refuses `dependsOn` next to `startupPolicyOrder: InOrder` (a CEL rule of its CRD), and
 /// InOrder already starts the launcher once the workers are Ready: no dependsOn, no warning.
 #[tokio::test]

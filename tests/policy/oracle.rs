@@ -385,8 +385,15 @@ fn enforce_replicated_job(
         patcher.upsert(&volumes, "name", hostfile_volume(plan))?;
     }
     // JobSet mode: the pre-flight first among the launcher's init containers, unless one of
-    // that name is there.
-    if let (true, Some(image)) = (is_launcher, plan.preflight_image()) {
+    // that name is there, among them or among the containers.
+    let named_preflight = |list: Option<&Value>| {
+        list.and_then(Value::as_array).is_some_and(|l| {
+            l.iter()
+                .any(|c| c.get("name") == Some(&json!("mpi-preflight")))
+        })
+    };
+    let taken = named_preflight(patcher.get(&child(&pod_spec, &keys(["containers"]))));
+    if let (true, Some(image), false) = (is_launcher, plan.preflight_image(), taken) {
         let init = child(&pod_spec, &keys(["initContainers"]));
         match patcher.get(&init) {
             None | Some(Value::Null) => {

@@ -113,6 +113,16 @@ fn spec_in_order(spec: &Slot<view::Spec<'_>>) -> bool {
     }
 }
 
+/// Whether `containers` has one named `name`.
+fn has_container(containers: &Slot<Vec<Element<view::Container<'_>>>>, name: &str) -> bool {
+    match containers {
+        Slot::Present(list) => list
+            .iter()
+            .any(|c| matches!(c, Element::Object(c) if c.name.as_deref() == Some(name))),
+        Slot::Missing | Slot::Wrong(_) => false,
+    }
+}
+
 /// JobSet's `startupPolicyOrder` that excludes `dependsOn`.
 const IN_ORDER: &str = "InOrder";
 
@@ -319,9 +329,13 @@ impl<'p, 'v> JobWriter<'p, 'v> {
         if is_launcher {
             self.upsert_below(POD_SPEC, "volumes", &mut volumes, &items.hostfile_volume)?;
         }
-        // JobSet mode: the pre-flight runs first in the launcher pod, unless the user has one.
+        // JobSet mode: the pre-flight runs first in the launcher pod, unless the user has one,
+        // or a container of that name (a pod's container names are unique across both lists).
         let preflight = items.defaults.as_ref().and_then(|d| d.preflight.as_ref());
-        if let (true, Some(item)) = (is_launcher, preflight) {
+        let taken = self
+            .pod_spec
+            .is_some_and(|p| has_container(&p.containers, PREFLIGHT_CONTAINER));
+        if let (true, Some(item), false) = (is_launcher, preflight, taken) {
             let init_containers = List::of(self.pod_spec.map(|p| &p.init_containers));
             self.insert_first(init_containers, "initContainers", item)?;
         }
