@@ -66,6 +66,10 @@ pub struct ServeArgs {
         value_parser = humantime::parse_duration
     )]
     pub shutdown_delay: std::time::Duration,
+    /// Image of the launcher pre-flight init container JobSet mode adds (`mpi-webhook
+    /// preflight`); empty: no pre-flight. The shipped Deployment passes its own image.
+    #[arg(long, env = "MPI_WEBHOOK_PREFLIGHT_IMAGE", default_value = "")]
+    pub preflight_image: String,
 }
 
 /// `reconcile` flags.
@@ -113,6 +117,10 @@ pub struct ReviewArgs {
     /// TrainJob-mode review needs it (the TrainJob and its runtime); a JobSet-mode review does not.
     #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
     pub objects_dir: Option<PathBuf>,
+    /// Image of the launcher pre-flight init container JobSet mode adds, as `serve` takes it;
+    /// empty: no pre-flight.
+    #[arg(long, env = "MPI_WEBHOOK_PREFLIGHT_IMAGE", default_value = "")]
+    pub preflight_image: String,
 }
 
 /// `review validate` or `review mutate`.

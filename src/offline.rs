@@ -103,7 +103,10 @@ pub async fn review(args: &ReviewArgs) -> Result<String, OfflineError> {
     let route = admission::route_for(verb, &value).map_err(bad)?;
     // The same bytes and the same read as `serve`: YAML becomes the JSON it stands for.
     let body = serde_json::to_vec(&value)?;
-    let reviewed = admission::review(route, &body, &snapshot)
+    let options = admission::Options {
+        preflight_image: args.preflight_image.clone(),
+    };
+    let reviewed = admission::review_with(route, &body, &snapshot, &options)
         .await
         .map_err(bad)?;
     Ok(serde_json::to_string_pretty(&reviewed.json())?)

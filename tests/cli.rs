@@ -9,6 +9,9 @@ use base64::Engine;
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 
+#[path = "support/pss.rs"]
+mod pss;
+
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
@@ -213,6 +216,130 @@ fn review_of_jobset_mode_samples_needs_no_objects_dir() {
     }
 }
 
+/// `review mutate --preflight-image` on the minimal OpenMPI sample (`ssh-port: "2222"`, nothing
+/// else set): the patch fills in exactly the defaults of interface.md "JobSet mode that just
+/// works", the pre-flight only with an image, and that init container meets the restricted Pod
+/// Security Standard.
+#[test]
+fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
+    let file = "manifests/samples/reviews/jobset-mode-create-openmpi.json";
+    let image = "ghcr.io/mpi-webhook/mpi-webhook:0.1.0";
+    let patch_of = |args: &[&str]| -> Vec<Value> {
+        let mutated = stdout_json(&run(args, None));
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(mutated["response"]["patch"].as_str().expect("patch"))
+            .expect("base64");
+        serde_json::from_slice(&patch).expect("JSON")
+    };
+    // The ops that only JobSet mode's defaults write.
+    let defaults = |patch: &[Value]| -> Vec<Value> {
+        patch
+            .iter()
+            .filter(|op| {
+                let path = op["path"].as_str().unwrap_or_default();
+                [
+                    "/command",
+                    "/readinessProbe",
+                    "/dependsOn",
+                    "/initContainers",
+                ]
+                .iter()
+                .any(|end| path.ends_with(end))
+            })
+            .cloned()
+            .collect()
+    };
+    let pod = |i: usize| format!("/spec/replicatedJobs/{i}/template/spec/template/spec");
+    let mut expected = vec![
+        serde_json::json!({"op": "add", "path": format!("{}/containers/0/command", pod(0)),
+                           "value": ["/usr/sbin/sshd", "-De", "-p", "2222"]}),
+        serde_json::json!({"op": "add", "path": format!("{}/containers/0/readinessProbe", pod(0)),
+                           "value": {"tcpSocket": {"port": 2222}}}),
+        serde_json::json!({"op": "add", "path": "/spec/replicatedJobs/1/dependsOn",
+                           "value": [{"name": "node", "status": "Ready"}]}),
+    ];
+    let without_image = patch_of(&["review", "mutate", file]);
+    assert_eq!(
+        defaults(&without_image),
+        expected,
+        "no image: no pre-flight"
+    );
+    // The launcher's ssh reaches the workers' sshd on its port.
+    let review: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo(file)).expect("review")).expect("JSON");
+    let mut jobset = review["request"]["object"].clone();
+    let patch: json_patch::Patch =
+        serde_json::from_value(Value::Array(without_image.clone())).expect("RFC 6902");
+    json_patch::patch(&mut jobset, &patch).expect("applies");
+    let env = &jobset["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"]
+        [0]["env"];
+    let ssh_args: Vec<(&str, &str)> = env
+        .as_array()
+        .expect("env list")
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().expect("name"),
+                e["value"].as_str().expect("value"),
+            )
+        })
+        .filter(|(name, _)| name.ends_with("_args"))
+        .collect();
+    assert_eq!(
+        ssh_args,
+        [
+            ("OMPI_MCA_plm_rsh_args", "-o ConnectionAttempts=10 -p 2222"),
+            ("PRTE_MCA_plm_ssh_args", "-o ConnectionAttempts=10 -p 2222"),
+        ]
+    );
+    let preflight = serde_json::json!({
+        "name": "mpi-preflight",
+        "image": image,
+        "command": ["/usr/local/bin/mpi-webhook", "preflight", "--hostfile",
+                    "/etc/mpi/hostfile", "--port", "2222"],
+        "volumeMounts": [{"name": "mpi-hostfile", "mountPath": "/etc/mpi", "readOnly": true}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"cpu": "100m", "memory": "32Mi"}
+        },
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}
+        }
+    });
+    expected.push(serde_json::json!({
+        "op": "add",
+        "path": format!("{}/initContainers", pod(1)),
+        "value": [preflight],
+    }));
+    let with_image = patch_of(&["review", "mutate", file, "--preflight-image", image]);
+    assert_eq!(defaults(&with_image), expected);
+    let others = |patch: &[Value]| -> Vec<Value> {
+        let defaults = defaults(patch);
+        patch
+            .iter()
+            .filter(|op| !defaults.contains(op))
+            .cloned()
+            .collect()
+    };
+    assert_eq!(
+        others(&with_image),
+        others(&without_image),
+        "the image adds only the init container"
+    );
+    let pod_of_preflight = serde_json::json!({"initContainers": [preflight]});
+    assert_eq!(
+        pss::restricted_violations(&pod_of_preflight),
+        Vec::<String>::new()
+    );
+}
+
 #[test]
 fn garbage_review_input_fails_cleanly() {
     for input in [
@@ -317,7 +444,7 @@ fn render_renders_jobset_mode_jobsets_after_trainjobs() {
     );
     assert_eq!(
         docs[3]["data"]["hostfile"],
-        "pi-jobset-mpich-node-0-0.pi-jobset-mpich:1\npi-jobset-mpich-node-0-1.pi-jobset-mpich:1\npi-jobset-mpich-launcher-0-0:1\n"
+        "pi-jobset-mpich-node-0-0.pi-jobset-mpich:1\npi-jobset-mpich-node-0-1.pi-jobset-mpich:1\n"
     );
     for doc in &docs[2..] {
         assert_eq!(

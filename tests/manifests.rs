@@ -15,6 +15,9 @@ use mpi_webhook::api_calls::{API_CALLS, RECONCILE, SERVE};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
+#[path = "support/pss.rs"]
+mod pss;
+
 const NAMESPACE: &str = "mpi-webhook";
 const SERVICE_ACCOUNT: &str = "mpi-webhook";
 const IMAGE: &str = "ghcr.io/mpi-webhook/mpi-webhook:0.1.0";
@@ -171,9 +174,19 @@ fn copy_dir(from: &Path, to: &Path) {
 /// Renders `manifests/<path>` with `kubectl kustomize`, from a copy of `manifests/` in which the
 /// cli-certs overlay has placeholder `tls/` files (they are generated and git-ignored).
 fn kustomize(kubectl: &Path, path: &str) -> Vec<Value> {
+    kustomize_with(kubectl, path, &[])
+}
+
+/// [`kustomize`] on a copy of `manifests/` with `extra` files (path, content) written into it.
+fn kustomize_with(kubectl: &Path, path: &str, extra: &[(&str, &str)]) -> Vec<Value> {
     let tmp = tempfile::tempdir().expect("tempdir");
     let root = tmp.path().join("manifests");
     copy_dir(&manifests(), &root);
+    for (file, content) in extra {
+        let file = root.join(file);
+        std::fs::create_dir_all(file.parent().expect("a directory")).expect("mkdir");
+        std::fs::write(file, content).expect("write");
+    }
     for file in ["tls.crt", "tls.key", "ca.crt"] {
         let content = format!("placeholder {file}\n");
         std::fs::write(root.join("overlays/cli-certs/tls").join(file), content).expect("write");
@@ -202,6 +215,20 @@ fn every_manifest_parses_into_objects_with_kind_and_name() {
     for path in files {
         let documents = docs(&path);
         assert!(!documents.is_empty(), "{} is empty", path.display());
+        // A kustomize transformer configuration is not an object: its kustomization lists it.
+        if path
+            .file_name()
+            .is_some_and(|n| n == "kustomizeconfig.yaml")
+        {
+            let kustomization = docs(&path.with_file_name("kustomization.yaml"));
+            assert_eq!(
+                kustomization[0]["configurations"],
+                json!(["kustomizeconfig.yaml"]),
+                "{}",
+                path.display()
+            );
+            continue;
+        }
         for doc in documents {
             let shown = path.display();
             assert!(doc.is_object(), "{shown}: a document is not an object");
@@ -398,6 +425,11 @@ fn the_deployment_runs_serve_and_reconcile_from_one_image_as_the_contract_says()
 
     let webhook = container(deployment, "webhook");
     assert_eq!(webhook["image"], IMAGE);
+    assert_eq!(
+        env_value(webhook, "MPI_WEBHOOK_PREFLIGHT_IMAGE"),
+        IMAGE,
+        "the pre-flight runs the webhook's image"
+    );
     assert_eq!(
         strings(&webhook["args"]),
         [
@@ -870,9 +902,12 @@ fn sample_reviews_are_the_three_documented_cases() {
 }
 
 /// JobSet mode: one plain JobSet per implementation that `kubectl create` takes as is (the
-/// CRD schema is checked by tests/validate_manifests.py), `node` listed before `launcher` (JobSet
-/// lets a replicatedJob depend only on earlier ones), the launcher waiting for the workers, and
-/// an AdmissionReview of its CREATE carrying exactly that JobSet.
+/// CRD schema is checked by tests/validate_manifests.py), written minimally (images, the
+/// launcher's command, the counts; no command on the workers, no probe, no dependsOn: the
+/// webhook fills them in; one annotation, the mpioperator images' sshd port), `node` listed
+/// before `launcher` (JobSet lets a replicatedJob depend only on earlier ones, so the webhook
+/// can add the launcher's), and an AdmissionReview of its CREATE carrying exactly that JobSet
+/// (`scripts/sample-reviews.py` writes it).
 #[test]
 fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
     let samples: Vec<Value> = data_files(&manifests().join("samples"))
@@ -899,10 +934,45 @@ fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
             .map(|r| r["name"].as_str().expect("name"))
             .collect();
         assert_eq!(names, ["node", "launcher"], "{name}");
+        let keys = |value: &Value| -> Vec<String> {
+            let mut keys: Vec<String> = value
+                .as_object()
+                .expect("an object")
+                .keys()
+                .cloned()
+                .collect();
+            keys.sort();
+            keys
+        };
+        for (rjob, job, container) in [
+            (
+                &rjobs[0],
+                vec!["completions", "parallelism", "template"],
+                vec!["image", "name"],
+            ),
+            (
+                &rjobs[1],
+                vec!["template"],
+                vec!["command", "image", "name"],
+            ),
+        ] {
+            let at = format!("{name} {}", rjob["name"]);
+            assert_eq!(keys(rjob), ["name", "template"], "{at}: no dependsOn");
+            assert_eq!(keys(&rjob["template"]["spec"]), job, "{at}");
+            let pod = &rjob["template"]["spec"]["template"]["spec"];
+            assert_eq!(keys(pod), ["containers", "restartPolicy"], "{at}");
+            let containers = pod["containers"].as_array().expect("containers");
+            assert_eq!(containers.len(), 1, "{at}");
+            assert_eq!(
+                keys(&containers[0]),
+                container,
+                "{at}: no command, args or probe"
+            );
+        }
         assert_eq!(
-            rjobs[1]["dependsOn"],
-            json!([{"name": "node", "status": "Ready"}]),
-            "{name}"
+            jobset["metadata"]["annotations"],
+            json!({"mpi-webhook.io/ssh-port": "2222"}),
+            "{name}: the images' sshd port, nothing else"
         );
         let review = docs(&manifests().join(format!(
             "samples/reviews/jobset-mode-create-{}.json",
@@ -945,6 +1015,56 @@ fn the_base_renders_to_what_its_files_say() {
             assert_eq!(object["metadata"]["namespace"], NAMESPACE, "{kind}");
         }
     }
+}
+
+/// The Deployment's pods meet the `restricted` Pod Security Standard, as its files say them and
+/// as every shipped kustomization renders them.
+#[test]
+fn the_deployment_pods_meet_the_restricted_pod_security_standard() {
+    let pod = |objects: &[Value]| {
+        find(objects, "Deployment", "mpi-webhook")["spec"]["template"]["spec"].clone()
+    };
+    let none = Vec::<String>::new();
+    assert_eq!(pss::restricted_violations(&pod(&base())), none, "base/");
+    let Some(kubectl) = tool("kubectl", &["version", "--client"]) else {
+        return;
+    };
+    for path in ["", "overlays/cert-manager", "overlays/cli-certs"] {
+        let rendered = kustomize(&kubectl, path);
+        assert_eq!(pss::restricted_violations(&pod(&rendered)), none, "{path}");
+    }
+}
+
+/// The value of env var `name` of `container`.
+fn env_value<'a>(container: &'a Value, name: &str) -> &'a Value {
+    &container["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .find(|v| v["name"] == name)
+        .unwrap_or_else(|| panic!("no {name}"))["value"]
+}
+
+/// An overlay's `images:` entry moves the pre-flight image with the webhook's own image: the
+/// base's kustomizeconfig.yaml applies in every overlay built on it.
+#[test]
+fn an_overlays_image_is_the_preflight_image_too() {
+    let Some(kubectl) = tool("kubectl", &["version", "--client"]) else {
+        return;
+    };
+    let overlay = "resources:\n  - ../cert-manager\nimages:\n  - name: ghcr.io/mpi-webhook/mpi-webhook\n    newName: registry.example/team/mpi-webhook\n    newTag: v9\n";
+    let rendered = kustomize_with(
+        &kubectl,
+        "overlays/mirror",
+        &[("overlays/mirror/kustomization.yaml", overlay)],
+    );
+    let deployment = find(&rendered, "Deployment", "mpi-webhook");
+    let webhook = container(deployment, "webhook");
+    let image = "registry.example/team/mpi-webhook:v9";
+    assert_eq!(webhook["image"], image);
+    assert_eq!(env_value(webhook, "MPI_WEBHOOK_PREFLIGHT_IMAGE"), image);
+    assert_eq!(container(deployment, "reconciler")["image"], image);
+    assert_eq!(env_value(webhook, "RUST_LOG"), "info", "other values stay");
 }
 
 #[test]

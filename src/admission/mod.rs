@@ -219,7 +219,16 @@ const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 /// `kind` of the reviews read and written.
 const REVIEW_KIND: &str = "AdmissionReview";
 
-/// Answers one AdmissionReview (JSON bytes) on `route`.
+/// What the policy is configured with besides the objects it looks up: plain data from the
+/// command line of `serve` and `review`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `--preflight-image`: the image of JobSet mode's launcher pre-flight init container;
+    /// empty, no pre-flight.
+    pub preflight_image: String,
+}
+
+/// Answers one AdmissionReview (JSON bytes) on `route`, with the default [`Options`].
 ///
 /// # Errors
 /// [`BadReview`] when the body is not an `admission.k8s.io/v1` AdmissionReview with a request.
@@ -228,6 +237,19 @@ pub async fn review<S: ObjectSource>(
     body: &[u8],
     objects: &S,
 ) -> Result<Reviewed, BadReview> {
+    review_with(route, body, objects, &Options::default()).await
+}
+
+/// Answers one AdmissionReview (JSON bytes) on `route` with `options`.
+///
+/// # Errors
+/// [`BadReview`] when the body is not an `admission.k8s.io/v1` AdmissionReview with a request.
+pub async fn review_with<S: ObjectSource>(
+    route: Route,
+    body: &[u8],
+    objects: &S,
+    options: &Options,
+) -> Result<Reviewed, BadReview> {
     // The mutation reads the JobSet's view in the same pass as the review; the validations read
     // their objects whole, from the raw JSON.
     if route == Route::MutateJobSet {
@@ -235,7 +257,7 @@ pub async fn review<S: ObjectSource>(
         let verdict = match (precheck(route, &req), &req.object) {
             (Some(verdict), _) => verdict,
             (None, Some(jobset)) if req.operation == Operation::Create => {
-                mutate::jobset(&req, jobset, body, objects).await
+                mutate::jobset(&req, jobset, body, objects, options).await
             }
             (None, _) => Verdict::allow(),
         };

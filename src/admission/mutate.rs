@@ -14,7 +14,7 @@ use crate::raw_json::RawJson;
 
 use super::read::{self, Request};
 use super::validate::read_jobset;
-use super::{InternalError, Verdict};
+use super::{InternalError, Options, Verdict};
 
 /// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE, for `jobset` read from the review
 /// `body` of `req`.
@@ -23,6 +23,7 @@ pub(super) async fn jobset<S: ObjectSource>(
     jobset: &Element<JobSetView<'_>>,
     body: &[u8],
     objects: &S,
+    options: &Options,
 ) -> Verdict {
     let jobset = match jobset {
         Element::Object(view) => view,
@@ -38,7 +39,7 @@ pub(super) async fn jobset<S: ObjectSource>(
     };
     let plan = match jobset_mode::mode(&metadata) {
         Mode::Plain => Ok(None),
-        Mode::JobSet => jobset_mode_plan(body).map(Some),
+        Mode::JobSet => jobset_mode_plan(body, options).map(Some),
         Mode::TrainJob(owner) => train_job_plan(req, &metadata, owner, objects).await,
     };
     match plan {
@@ -58,7 +59,7 @@ pub(super) async fn jobset<S: ObjectSource>(
 /// validating route's message, so that no pod starts half wired whatever the order of the
 /// webhooks. The mode's rules read the whole JobSet, typed, and quote the client's JSON, so
 /// the review `body` is read for its object's raw JSON, as the validating route reads it.
-fn jobset_mode_plan(body: &[u8]) -> Result<MpiPlan, Verdict> {
+fn jobset_mode_plan(body: &[u8], options: &Options) -> Result<MpiPlan, Verdict> {
     let object = match read::request::<&RawValue>(body) {
         Ok(Request {
             object: Some(object),
@@ -71,7 +72,10 @@ fn jobset_mode_plan(body: &[u8]) -> Result<MpiPlan, Verdict> {
     let checked = jobset_mode::check(&jobset, &RawJson::text(object));
     match (aggregate(&checked.errors), checked.plan) {
         (Some(message), _) => Err(Verdict::deny(message)),
-        (None, Some(plan)) => Ok(plan),
+        (None, Some(mut plan)) => {
+            plan.set_preflight_image(&options.preflight_image);
+            Ok(plan)
+        }
         // Settings that parse always give a plan; were there none, nothing could be wired.
         (None, None) => Err(Verdict::Internal(InternalError::NoPlan)),
     }

@@ -147,6 +147,7 @@ mod tests {
             subdomain: "pi".into(),
             jobset_name: "pi".into(),
             wired_container: crate::mpi::plan::WiredContainer::NamedNode,
+            jobset_defaults: None,
         }
     }
 

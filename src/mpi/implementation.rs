@@ -8,6 +8,9 @@ pub enum EnvValue {
     Fixed(&'static str),
     /// The effective slots per node (numProcPerNode) as a decimal number.
     Slots,
+    /// The arguments the launcher passes to `ssh`: this string, then ` -p <port>` when the
+    /// workers' sshd listens on another port than 22 (JobSet mode's `mpi-webhook.io/ssh-port`).
+    SshArgs(&'static str),
 }
 
 /// One env var the implementation injects into the launcher's `node` container.
@@ -50,6 +53,13 @@ const fn fixed(name: &'static str, value: &'static str) -> LauncherEnv {
     }
 }
 
+const fn ssh_args(name: &'static str, value: &'static str) -> LauncherEnv {
+    LauncherEnv {
+        name,
+        value: EnvValue::SshArgs(value),
+    }
+}
+
 const fn slots(name: &'static str) -> LauncherEnv {
     LauncherEnv {
         name,
@@ -69,14 +79,14 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
             fixed("OMPI_MCA_orte_default_hostfile", super::HOSTFILE_PATH),
             fixed("OMPI_MCA_orte_keep_fqdn_hostnames", "true"),
             slots("OMPI_MCA_orte_set_default_slots"),
-            fixed("OMPI_MCA_plm_rsh_args", CONNECTION_ATTEMPTS),
+            ssh_args("OMPI_MCA_plm_rsh_args", CONNECTION_ATTEMPTS),
             // Open MPI 5 replaced ORTE by PRTE and ignores the names above (trainer #4028).
             fixed("PRTE_MCA_prte_default_hostfile", super::HOSTFILE_PATH),
             // false on purpose: with short host names PRTE would otherwise treat the launcher as
             // a remote host and SSH to itself (trainer PR #4029).
             fixed("PRTE_MCA_prte_keep_fqdn_hostnames", "false"),
             slots("PRTE_MCA_prte_set_default_slots"),
-            fixed("PRTE_MCA_plm_ssh_args", CONNECTION_ATTEMPTS),
+            ssh_args("PRTE_MCA_plm_ssh_args", CONNECTION_ATTEMPTS),
         ],
     },
     Implementation {
@@ -86,7 +96,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         built_by_trainer: false,
         launcher_env: &[
             fixed("I_MPI_HYDRA_HOST_FILE", super::HOSTFILE_PATH),
-            fixed("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", CONNECTION_ATTEMPTS),
+            ssh_args("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", CONNECTION_ATTEMPTS),
             slots("I_MPI_PERHOST"),
             // Workers' proxies call back to the launcher by the name it gives itself, its bare
             // pod host name, which the pods' DNS search list cannot resolve; given an interface,
@@ -101,7 +111,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         built_by_trainer: false,
         launcher_env: &[
             fixed("HYDRA_HOST_FILE", super::HOSTFILE_PATH),
-            fixed("HYDRA_LAUNCHER_EXTRA_ARGS", CONNECTION_ATTEMPTS),
+            ssh_args("HYDRA_LAUNCHER_EXTRA_ARGS", CONNECTION_ATTEMPTS),
             // See I_MPI_HYDRA_IFACE above.
             fixed("HYDRA_IFACE", POD_INTERFACE),
         ],
@@ -124,12 +134,18 @@ impl Implementation {
         self.launcher_env.iter().any(|e| e.name == name)
     }
 
-    /// The launcher env as `(name, value)` pairs for the given slots.
-    pub fn env_pairs(&self, slots: i64) -> impl Iterator<Item = (&'static str, String)> + '_ {
+    /// The launcher env as `(name, value)` pairs for the given slots and workers' sshd port.
+    pub fn env_pairs(
+        &self,
+        slots: i64,
+        ssh_port: u16,
+    ) -> impl Iterator<Item = (&'static str, String)> + '_ {
         self.launcher_env.iter().map(move |e| {
             let value = match e.value {
                 EnvValue::Fixed(v) => v.to_string(),
                 EnvValue::Slots => slots.to_string(),
+                EnvValue::SshArgs(v) if ssh_port == super::plan::DEFAULT_SSH_PORT => v.to_string(),
+                EnvValue::SshArgs(v) => format!("{v} -p {ssh_port}"),
             };
             (e.name, value)
         })
@@ -151,7 +167,7 @@ mod tests {
     #[test]
     fn open_mpi_env_is_orte_then_prte() {
         let open_mpi = lookup("OpenMPI").expect("OpenMPI");
-        let env: Vec<_> = open_mpi.env_pairs(4).collect();
+        let env: Vec<_> = open_mpi.env_pairs(4, 22).collect();
         assert_eq!(
             env,
             [
@@ -180,13 +196,37 @@ mod tests {
     }
 
     #[test]
+    fn another_ssh_port_is_appended_to_each_ssh_args_variable() {
+        let with_port = |name: &str| -> Vec<(&str, String)> {
+            let implementation = lookup(name).expect("known");
+            implementation
+                .env_pairs(1, 2222)
+                .filter(|(_, value)| value.contains("ConnectionAttempts"))
+                .collect()
+        };
+        let args = "-o ConnectionAttempts=10 -p 2222".to_string();
+        assert_eq!(
+            with_port("OpenMPI"),
+            [
+                ("OMPI_MCA_plm_rsh_args", args.clone()),
+                ("PRTE_MCA_plm_ssh_args", args.clone())
+            ]
+        );
+        assert_eq!(
+            with_port("Intel"),
+            [("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", args.clone())]
+        );
+        assert_eq!(with_port("MPICH"), [("HYDRA_LAUNCHER_EXTRA_ARGS", args)]);
+    }
+
+    #[test]
     fn reserved_names_follow_the_implementation() {
         let intel = lookup("Intel").expect("Intel");
         assert!(intel.reserves("I_MPI_PERHOST"));
         assert!(!intel.reserves("OMPI_MCA_orte_default_hostfile"));
         let mpich = lookup("MPICH").expect("MPICH");
         assert_eq!(
-            mpich.env_pairs(2).collect::<Vec<_>>(),
+            mpich.env_pairs(2, 22).collect::<Vec<_>>(),
             [
                 ("HYDRA_HOST_FILE", "/etc/mpi/hostfile".to_string()),
                 (

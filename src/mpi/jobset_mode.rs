@@ -16,7 +16,9 @@ use crate::raw_json::RawJson;
 
 use super::hostfile::check_hostfile_size;
 use super::implementation::{self, Implementation};
-use super::plan::{MpiPlan, PodSet, WiredContainer, gpus_per_node};
+use super::plan::{
+    DEFAULT_SSH_PORT, JobSetDefaults, MpiPlan, PodSet, WiredContainer, gpus_per_node,
+};
 use super::validate::reserved_env_names_error;
 use super::{LAUNCHER, NODE, SSH_PRIVATE_KEY_FILE_MODE_STRICT};
 
@@ -33,13 +35,19 @@ pub const CONTAINER_ANNOTATION: &str = "mpi-webhook.io/container";
 /// Annotation: `true` or `false`, whether the reconciler creates the job's NetworkPolicy
 ///; absent means the reconciler's `--network-policy-default`.
 pub const NETWORK_POLICY_ANNOTATION: &str = "mpi-webhook.io/network-policy";
+/// Annotation: the workers' sshd port, an integer 1-65535.
+pub const SSH_PORT_ANNOTATION: &str = "mpi-webhook.io/ssh-port";
+/// Annotation: `false` opts out of the launcher pre-flight init container.
+pub const PREFLIGHT_ANNOTATION: &str = "mpi-webhook.io/preflight";
 /// Every annotation JobSet mode reads; like the label, fixed once the JobSet exists.
-pub const SETTING_ANNOTATIONS: [&str; 5] = [
+pub const SETTING_ANNOTATIONS: [&str; 7] = [
     SLOTS_PER_NODE_ANNOTATION,
     SSH_AUTH_MOUNT_PATH_ANNOTATION,
     RUN_LAUNCHER_AS_NODE_ANNOTATION,
     CONTAINER_ANNOTATION,
     NETWORK_POLICY_ANNOTATION,
+    SSH_PORT_ANNOTATION,
+    PREFLIGHT_ANNOTATION,
 ];
 
 /// Where a JobSet's MPI policy comes from.
@@ -108,6 +116,11 @@ pub struct Settings {
     pub wired_container: WiredContainer,
     /// The network-policy annotation's `true`/`false`, or `None`: the reconciler's default.
     pub network_policy: Option<bool>,
+    /// The annotation's sshd port, or 22.
+    pub ssh_port: u16,
+    /// The annotation's `true`/`false`, or `true`: whether the launcher gets the pre-flight
+    /// (when an image for it is configured).
+    pub preflight: bool,
 }
 
 /// The containers wired: the one the annotation names, else each template's first.
@@ -180,6 +193,33 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
         .map_err(|e| errors.push(*e))
         .ok()
         .flatten();
+    let ssh_port = match annotation(metadata, SSH_PORT_ANNOTATION) {
+        None => DEFAULT_SSH_PORT,
+        Some(text) => text
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p >= 1)
+            .unwrap_or_else(|| {
+                errors.push(FieldError::invalid(
+                    annotation_field(SSH_PORT_ANNOTATION),
+                    BadValue::Str(text.to_string()),
+                    "must be an integer between 1 and 65535, inclusive",
+                ));
+                DEFAULT_SSH_PORT
+            }),
+    };
+    let preflight = match annotation(metadata, PREFLIGHT_ANNOTATION) {
+        None | Some("true") => true,
+        Some("false") => false,
+        Some(other) => {
+            errors.push(FieldError::unsupported(
+                annotation_field(PREFLIGHT_ANNOTATION),
+                BadValue::Str(other.to_string()),
+                &["true", "false"],
+            ));
+            true
+        }
+    };
     match implementation {
         Some(implementation) if errors.is_empty() => Ok(Settings {
             implementation,
@@ -188,6 +228,8 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
             run_launcher_as_node,
             wired_container: wired_container(metadata),
             network_policy,
+            ssh_port,
+            preflight,
         }),
         _ => Err(errors),
     }
@@ -246,6 +288,11 @@ fn plan(jobset: &JobSet, settings: Settings) -> MpiPlan {
         subdomain: spec.subdomain().unwrap_or(jobset.name()).to_string(),
         jobset_name: jobset.name().to_string(),
         wired_container: settings.wired_container,
+        jobset_defaults: Some(JobSetDefaults {
+            ssh_port: settings.ssh_port,
+            preflight: settings.preflight,
+            preflight_image: String::new(),
+        }),
     }
 }
 
@@ -315,14 +362,31 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
         errors.extend(hostfile_error(&plan, node.or(launcher)));
         checked.plan = Some(plan);
     }
-    if let (Some((i, rjob)), Some(_)) = (launcher, node)
+    if let (Some((i, rjob)), Some((n, _))) = (launcher, node)
         && !waits_for_ready_nodes(rjob)
     {
-        checked.warnings.push(format!(
-            "spec.replicatedJobs[{i}].dependsOn: the launcher does not wait for the workers: without dependsOn [{{name: node, status: Ready}}] it may start before their sshd listens"
-        ));
+        let unset = rjob.depends_on.is_none();
+        // Unset with `node` listed first, the mutation adds the dependsOn: nothing to warn of.
+        if !unset || n > i {
+            checked.warnings.push(dependency_warning(i, unset));
+        }
     }
     checked
+}
+
+/// The warning for a launcher at index `i` that does not wait for Ready workers; `unset`: it
+/// has no `dependsOn`, and `node` is listed after it, so none could be added.
+fn dependency_warning(i: usize, unset: bool) -> String {
+    let warning = format!(
+        "spec.replicatedJobs[{i}].dependsOn: the launcher does not wait for the workers: without dependsOn [{{name: node, status: Ready}}] it may start before their sshd listens"
+    );
+    if unset {
+        format!(
+            "{warning}; none was added because node is listed after launcher, and JobSet lets a replicatedJob depend only on those listed before it: list node first"
+        )
+    } else {
+        warning
+    }
 }
 
 /// A replicatedJob found by name, with its index.
@@ -435,8 +499,7 @@ fn reserved_env_error(
         "/spec/replicatedJobs/{i}/template/spec/template/spec/containers/{c}/env"
     ));
     let injected: Vec<Value> = plan
-        .implementation
-        .env_pairs(plan.slots)
+        .launcher_env()
         .map(|(name, value)| json!({"name": name, "value": value}))
         .collect();
     let names = env
@@ -534,6 +597,8 @@ mod tests {
                 run_launcher_as_node: false,
                 wired_container: WiredContainer::First,
                 network_policy: None,
+                ssh_port: 22,
+                preflight: true,
             }
         );
     }

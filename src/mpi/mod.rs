@@ -99,6 +99,15 @@ pub fn mounts_over_hostfile(path: &str) -> bool {
     path.trim_end_matches('/') == HOSTFILE_DIR
 }
 
+/// Name of the launcher pre-flight init container (JobSet mode, `--preflight-image`).
+pub const PREFLIGHT_CONTAINER: &str = "mpi-preflight";
+/// The binary in the pre-flight image: the shipped image's `mpi-webhook`.
+pub const PREFLIGHT_BINARY: &str = "/usr/local/bin/mpi-webhook";
+/// The uid and gid the pre-flight runs as: the shipped image's `nonroot` user.
+pub const PREFLIGHT_USER: i64 = 65532;
+/// The command of the workers' `node` container when the user set neither command nor args.
+pub const SSHD: &str = "/usr/sbin/sshd";
+
 /// Largest hostfile that fits a ConfigMap (1 MiB of data, `api.MaxSecretSize`).
 pub const HOSTFILE_MAX_BYTES: u64 = 1024 * 1024;
 

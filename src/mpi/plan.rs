@@ -107,7 +107,26 @@ pub struct MpiPlan {
     pub jobset_name: String,
     /// The containers that get the mounts and the env.
     pub wired_container: WiredContainer,
+    /// What JobSet mode fills in where the user left it unset; `None` in TrainJob mode, whose
+    /// patch is Trainer's and nothing more.
+    pub jobset_defaults: Option<JobSetDefaults>,
 }
+
+/// JobSet mode's defaults (interface.md "JobSet mode that just works"): the sshd command and
+/// readiness probe of the workers, the launcher's `dependsOn`, the ssh port on the client side
+/// and the launcher pre-flight.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JobSetDefaults {
+    /// The workers' sshd port (`mpi-webhook.io/ssh-port`).
+    pub ssh_port: u16,
+    /// Whether the JobSet wants the pre-flight (`mpi-webhook.io/preflight`, default `true`).
+    pub preflight: bool,
+    /// The pre-flight init container's image (`--preflight-image`); empty: no pre-flight.
+    pub preflight_image: String,
+}
+
+/// The port sshd listens on unless told otherwise, and that ssh uses without `-p`.
+pub const DEFAULT_SSH_PORT: u16 = 22;
 
 impl MpiPlan {
     /// The plan for `train_job` on `runtime`; `Ok(None)` when the runtime has no MPI policy.
@@ -161,7 +180,36 @@ impl MpiPlan {
                 .to_string(),
             jobset_name: train_job.name().to_string(),
             wired_container: WiredContainer::NamedNode,
+            jobset_defaults: None,
         }))
+    }
+
+    /// The port ssh reaches the workers' sshd on: 22 but in JobSet mode with another port.
+    pub fn ssh_port(&self) -> u16 {
+        self.jobset_defaults
+            .as_ref()
+            .map_or(DEFAULT_SSH_PORT, |d| d.ssh_port)
+    }
+
+    /// The launcher env of the plan's implementation, as `(name, value)` pairs.
+    pub fn launcher_env(&self) -> impl Iterator<Item = (&'static str, String)> + '_ {
+        self.implementation.env_pairs(self.slots, self.ssh_port())
+    }
+
+    /// The image of the launcher pre-flight, when the plan has one: JobSet mode, an image
+    /// configured and the JobSet not opted out.
+    pub fn preflight_image(&self) -> Option<&str> {
+        self.jobset_defaults
+            .as_ref()
+            .filter(|d| d.preflight && !d.preflight_image.is_empty())
+            .map(|d| d.preflight_image.as_str())
+    }
+
+    /// Sets the pre-flight image (`--preflight-image`; empty: none). No effect in TrainJob mode.
+    pub fn set_preflight_image(&mut self, image: &str) {
+        if let Some(defaults) = &mut self.jobset_defaults {
+            defaults.preflight_image = image.to_string();
+        }
     }
 
     /// Whether the hostfile lists the pods of this pod set.

@@ -105,6 +105,8 @@ pub struct ServeOptions {
     pub shutdown_grace: Duration,
     /// How long [`run`] keeps accepting after SIGTERM (`--shutdown-delay`).
     pub shutdown_delay: Duration,
+    /// The policy's configuration (`--preflight-image`).
+    pub policy: crate::admission::Options,
 }
 
 impl ServeOptions {
@@ -124,6 +126,7 @@ impl ServeOptions {
             objects_poll_interval: Self::DEFAULT_POLL_INTERVAL,
             shutdown_grace: Self::DEFAULT_SHUTDOWN_GRACE,
             shutdown_delay: Duration::ZERO,
+            policy: crate::admission::Options::default(),
         }
     }
 }
@@ -191,6 +194,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let mut options = ServeOptions::new(args.listen, args.metrics_listen, tls_files(&args)?);
     options.shutdown_delay = args.shutdown_delay;
     let delay = options.shutdown_delay;
+    options.policy.preflight_image = args.preflight_image.clone();
     let objects = objects_for_serve(&args).await;
     let running = start(options, objects).await?;
     let signal = signals.recv().await;
@@ -344,7 +348,9 @@ pub async fn start_with<S: ObjectSource + 'static>(
             tracing::error!(error = %e, "metrics listener failed");
         }
     }));
-    let state = Arc::new(AppState::new(objects, readiness.clone(), metrics));
+    let state = Arc::new(
+        AppState::new(objects, readiness.clone(), metrics).with_policy(options.policy.clone()),
+    );
     let router = router::router(state);
     let grace = options.shutdown_grace;
     let accept = tokio::spawn(accept::accept_loop(

@@ -62,6 +62,8 @@ pub struct AppState<S> {
     pub metrics: Arc<Metrics>,
     /// Permits to read and review a body larger than [`SMALL_BODY_BYTES`].
     large_reviews: Arc<Semaphore>,
+    /// The policy's configuration (`--preflight-image`).
+    pub policy: admission::Options,
 }
 
 impl<S> AppState<S> {
@@ -72,7 +74,14 @@ impl<S> AppState<S> {
             readiness,
             metrics,
             large_reviews: Arc::new(Semaphore::new(LARGE_REVIEWS_AT_ONCE)),
+            policy: admission::Options::default(),
         }
+    }
+
+    /// The state with the policy configured as `policy`.
+    pub fn with_policy(mut self, policy: admission::Options) -> Self {
+        self.policy = policy;
+        self
     }
 }
 
@@ -172,9 +181,11 @@ async fn answer<S: ObjectSource + 'static>(
             Ok(body) => body,
             Err(e) => return Answer::Error(e),
         };
-        let reviewed =
-            tokio::time::timeout_at(deadline, admission::review(route, &body, &*state.objects))
-                .await;
+        let reviewed = tokio::time::timeout_at(
+            deadline,
+            admission::review_with(route, &body, &*state.objects, &state.policy),
+        )
+        .await;
         return reviewed_or_timed_out(reviewed, &body);
     }
     // Waiting for a permit before reading: a body that waits stays in the client's socket,
@@ -199,7 +210,12 @@ async fn answer<S: ObjectSource + 'static>(
     let runtime = tokio::runtime::Handle::current();
     let review = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        runtime.block_on(admission::review(route, &body_for_review, &*state.objects))
+        runtime.block_on(admission::review_with(
+            route,
+            &body_for_review,
+            &*state.objects,
+            &state.policy,
+        ))
     });
     match tokio::time::timeout_at(deadline, review).await {
         Ok(Ok(reviewed)) => reviewed_or_timed_out(Ok(reviewed), &body),

@@ -3,7 +3,7 @@
 
 use base64::Engine;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use mpi_webhook::admission::{BadReview, Route, review};
+use mpi_webhook::admission::{BadReview, Options, Route, review, review_with};
 use mpi_webhook::api::{JobSet, RuntimeKind};
 use mpi_webhook::mpi::jobset_mode::{self, Mode};
 use mpi_webhook::mpi::plan::MpiPlan;
@@ -47,20 +47,39 @@ fn snapshot(runtimes: &[(RuntimeKind, Value)], train_jobs: &[Value]) -> Snapshot
 
 /// The answer `serve` gives to `body` ([`one_read`]).
 pub(super) async fn respond(route: Route, body: &Value, objects: &Snapshot) -> Value {
-    one_read(route, body, objects)
+    respond_with(route, body, objects, &Options::default()).await
+}
+
+/// The answer `serve` configured with `options` gives to `body` ([`one_read`]).
+pub(super) async fn respond_with(
+    route: Route,
+    body: &Value,
+    objects: &Snapshot,
+    options: &Options,
+) -> Value {
+    one_read_with(route, body, objects, options)
         .await
         .expect("an AdmissionReview")
+}
+
+async fn one_read(route: Route, body: &Value, objects: &Snapshot) -> Result<Value, BadReview> {
+    one_read_with(route, body, objects, &Options::default()).await
 }
 
 /// The answer to `body` (its JSON bytes, read once), or the 400's message. A patch, or a denial
 /// because the JobSet cannot be patched, must be the reference mutation's (`oracle.rs`) for the
 /// same plan, and a returned patch must apply to the object.
-async fn one_read(route: Route, body: &Value, objects: &Snapshot) -> Result<Value, BadReview> {
+async fn one_read_with(
+    route: Route,
+    body: &Value,
+    objects: &Snapshot,
+    options: &Options,
+) -> Result<Value, BadReview> {
     let bytes = serde_json::to_vec(body).expect("serializes");
-    let response = review(route, &bytes, objects).await?.json();
+    let response = review_with(route, &bytes, objects, options).await?.json();
     assert_patch_applies(body, &response);
     if route == Route::MutateJobSet {
-        assert_the_reference_agrees(body, &response, objects).await;
+        assert_the_reference_agrees_with(body, &response, objects, options).await;
     }
     Ok(response)
 }
@@ -72,6 +91,15 @@ const CANNOT_BE_PATCHED: &str = "JobSet cannot be patched: ";
 /// JobSet cannot be patched) against the reference mutation, for the plan made here from the
 /// review as the route makes it: from the owning TrainJob, or from the JobSet in JobSet mode.
 async fn assert_the_reference_agrees(body: &Value, response: &Value, objects: &Snapshot) {
+    assert_the_reference_agrees_with(body, response, objects, &Options::default()).await;
+}
+
+async fn assert_the_reference_agrees_with(
+    body: &Value,
+    response: &Value,
+    objects: &Snapshot,
+    options: &Options,
+) {
     let r = &response["response"];
     let written: Result<Value, String> =
         match (r["patch"].as_str(), r["status"]["message"].as_str()) {
@@ -116,7 +144,9 @@ async fn assert_the_reference_agrees(body: &Value, response: &Value, objects: &S
         }
         Mode::JobSet => {
             let jobset: JobSet = serde_json::from_value(object.clone()).expect("a JobSet");
-            MpiPlan::for_jobset(&jobset).expect("JobSet-mode settings")
+            let mut plan = MpiPlan::for_jobset(&jobset).expect("JobSet-mode settings");
+            plan.set_preflight_image(&options.preflight_image);
+            plan
         }
         Mode::Plain => panic!("a plain JobSet is never patched: {response}"),
     };
@@ -794,6 +824,16 @@ pub(super) async fn every_edit_is_answered(
     body: &Value,
     objects: &Snapshot,
 ) -> usize {
+    every_edit_is_answered_with(route, body, objects, &Options::default()).await
+}
+
+/// [`every_edit_is_answered`] by `serve` configured with `options`.
+pub(super) async fn every_edit_is_answered_with(
+    route: Route,
+    body: &Value,
+    objects: &Snapshot,
+    options: &Options,
+) -> usize {
     let replacements = [
         json!(null),
         json!("s"),
@@ -809,7 +849,7 @@ pub(super) async fn every_edit_is_answered(
     let mut answered = 0;
     for at in &locations {
         for with in replacements.iter().map(Some).chain([None]) {
-            if one_read(route, &edited(body, at, with), objects)
+            if one_read_with(route, &edited(body, at, with), objects, options)
                 .await
                 .is_ok()
             {

@@ -11,7 +11,12 @@ use mpi_webhook::objects::Snapshot;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
-use super::admission::{JOBSET, admission_review, every_edit_is_answered, respond};
+use mpi_webhook::admission::Options;
+
+use super::admission::{
+    JOBSET, admission_review, every_edit_is_answered, every_edit_is_answered_with, respond,
+    respond_with,
+};
 use super::support::{hostfile_volume, mutate, open_mpi_env};
 
 const LABEL: &str = "mpi-webhook.io/implementation";
@@ -141,6 +146,10 @@ async fn defaults_give_this_exact_patch_on_each_templates_first_container() {
         json!({"op": "add", "path": format!("{}/volumes", pod(0)), "value": [strict_ssh_volume()]}),
         json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(0)),
                "value": [{"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"}]}),
+        json!({"op": "add", "path": format!("{}/containers/0/command", pod(0)),
+               "value": ["/usr/sbin/sshd", "-De", "-p", "22"]}),
+        json!({"op": "add", "path": format!("{}/containers/0/readinessProbe", pod(0)),
+               "value": {"tcpSocket": {"port": 22}}}),
         json!({"op": "add", "path": format!("{}/volumes", pod(1)), "value": [strict_ssh_volume()]}),
         json!({"op": "add", "path": format!("{}/volumes/-", pod(1)), "value": hostfile_volume("pi")}),
         json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(1)),
@@ -390,6 +399,22 @@ async fn annotations_that_do_not_parse_are_denied_each_naming_itself() {
             json!({"mpi-webhook.io/run-launcher-as-node": "yes"}),
             r#"metadata.annotations[mpi-webhook.io/run-launcher-as-node]: Unsupported value: "yes": supported values: "true", "false""#,
         ),
+        (
+            json!({"mpi-webhook.io/ssh-port": "0"}),
+            r#"metadata.annotations[mpi-webhook.io/ssh-port]: Invalid value: "0": must be an integer between 1 and 65535, inclusive"#,
+        ),
+        (
+            json!({"mpi-webhook.io/ssh-port": "65536"}),
+            r#"metadata.annotations[mpi-webhook.io/ssh-port]: Invalid value: "65536": must be an integer between 1 and 65535, inclusive"#,
+        ),
+        (
+            json!({"mpi-webhook.io/ssh-port": "ssh"}),
+            r#"metadata.annotations[mpi-webhook.io/ssh-port]: Invalid value: "ssh": must be an integer between 1 and 65535, inclusive"#,
+        ),
+        (
+            json!({"mpi-webhook.io/preflight": "no"}),
+            r#"metadata.annotations[mpi-webhook.io/preflight]: Unsupported value: "no": supported values: "true", "false""#,
+        ),
     ];
     for (annotations, expected) in cases {
         assert_eq!(
@@ -541,10 +566,26 @@ async fn on_update_the_label_and_annotations_are_immutable() {
         r#"[metadata.labels[mpi-webhook.io/implementation]: Invalid value: "": field is immutable, metadata.annotations[mpi-webhook.io/slots-per-node]: Invalid value: "": field is immutable]"#
     );
     let added = jobset("OpenMPI", json!({}), rjobs());
-    let response = review(Route::ValidateJobSet, "UPDATE", added, Some(unlabelled)).await;
+    let response = review(
+        Route::ValidateJobSet,
+        "UPDATE",
+        added.clone(),
+        Some(unlabelled),
+    )
+    .await;
     assert_eq!(
         response["status"]["message"],
         r#"metadata.labels[mpi-webhook.io/implementation]: Invalid value: "OpenMPI": field is immutable"#
+    );
+    let ported = jobset(
+        "OpenMPI",
+        json!({"mpi-webhook.io/ssh-port": "2222", "mpi-webhook.io/preflight": "false"}),
+        rjobs(),
+    );
+    let response = review(Route::ValidateJobSet, "UPDATE", ported, Some(added)).await;
+    assert_eq!(
+        response["status"]["message"],
+        r#"[metadata.annotations[mpi-webhook.io/ssh-port]: Invalid value: "2222": field is immutable, metadata.annotations[mpi-webhook.io/preflight]: Invalid value: "false": field is immutable]"#
     );
 }
 
@@ -689,4 +730,326 @@ async fn network_policy_annotation_is_immutable_on_update() {
     }
     let same = review(Route::ValidateJobSet, "UPDATE", on.clone(), Some(on)).await;
     assert_eq!(same["allowed"], true);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Defaults (interface.md "JobSet mode that just works"): filled in where unset, never over the
+// user's value, idempotent
+
+const IMAGE: &str = "ghcr.io/mpi-webhook/mpi-webhook:0.1.0";
+
+/// `node` (2 workers) then `launcher`, written minimally: no command on the workers, no probe,
+/// no dependsOn.
+fn minimal_rjobs() -> Vec<Value> {
+    vec![
+        rjob(
+            "node",
+            json!({"parallelism": 2, "completions": 2}),
+            vec![container("worker", json!({}))],
+        ),
+        rjob(
+            "launcher",
+            json!({}),
+            vec![container(
+                "launcher",
+                json!({"command": ["mpirun", "hostname"]}),
+            )],
+        ),
+    ]
+}
+
+/// The mutating answer of `serve --preflight-image image`.
+async fn mutate_with(object: Value, image: &str) -> Value {
+    let options = Options {
+        preflight_image: image.to_string(),
+    };
+    let body = admission_review(JOBSET, "CREATE", object);
+    respond_with(Route::MutateJobSet, &body, &Snapshot::default(), &options).await["response"]
+        .clone()
+}
+
+/// `object` with the patch of `response` applied.
+fn patched(object: &Value, response: &Value) -> Value {
+    let patch: json_patch::Patch = serde_json::from_value(patch_of(response)).expect("RFC 6902");
+    let mut object = object.clone();
+    json_patch::patch(&mut object, &patch).expect("applies");
+    object
+}
+
+/// Mutates `object` as `serve --preflight-image image` does, checks that a second pass yields
+/// no patch and that the validator admits the result; returns it.
+async fn defaulted(object: Value, image: &str) -> Value {
+    let response = mutate_with(object.clone(), image).await;
+    assert_eq!(response["allowed"], true, "{response}");
+    let once = patched(&object, &response);
+    let again = mutate_with(once.clone(), image).await;
+    assert_eq!(again.get("patch"), None, "a second pass changes nothing");
+    let validated = validate(once.clone()).await;
+    assert_eq!(validated["allowed"], true, "{validated}");
+    once
+}
+
+fn preflight(port: &str) -> Value {
+    json!({
+        "name": "mpi-preflight",
+        "image": IMAGE,
+        "command": ["/usr/local/bin/mpi-webhook", "preflight", "--hostfile", "/etc/mpi/hostfile",
+                    "--port", port],
+        "volumeMounts": [{"name": "mpi-hostfile", "mountPath": "/etc/mpi", "readOnly": true}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"cpu": "100m", "memory": "32Mi"}
+        },
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_minimal_jobset_gets_sshd_a_probe_dependson_and_the_preflight() {
+    let js = jobset("OpenMPI", json!({}), minimal_rjobs());
+    let response = mutate_with(js.clone(), IMAGE).await;
+    let ops: Vec<(String, String)> = patch_of(&response)
+        .as_array()
+        .expect("ops")
+        .iter()
+        .map(|op| {
+            let op_name: String = op["op"].as_str().expect("op").into();
+            let path: String = op["path"].as_str().expect("path").into();
+            (op_name, path)
+        })
+        .filter(|(_, path): &(String, String)| !path.contains("/volume") && !path.contains("/env"))
+        .collect();
+    let pod = |i: usize| format!("/spec/replicatedJobs/{i}/template/spec/template/spec");
+    let add = |path: String| ("add".to_string(), path);
+    assert_eq!(
+        ops,
+        [
+            add(format!("{}/containers/0/command", pod(0))),
+            add(format!("{}/containers/0/readinessProbe", pod(0))),
+            add("/spec/replicatedJobs/1/dependsOn".to_string()),
+            add(format!("{}/initContainers", pod(1))),
+        ]
+    );
+    let js = defaulted(js, IMAGE).await;
+    let worker = &pod_spec(&js, 0)["containers"][0];
+    assert_eq!(
+        worker["command"],
+        json!(["/usr/sbin/sshd", "-De", "-p", "22"])
+    );
+    assert_eq!(worker["readinessProbe"], json!({"tcpSocket": {"port": 22}}));
+    assert_eq!(worker.get("args"), None);
+    assert_eq!(
+        js["spec"]["replicatedJobs"][1]["dependsOn"],
+        json!([{"name": "node", "status": "Ready"}])
+    );
+    assert_eq!(pod_spec(&js, 1)["initContainers"], json!([preflight("22")]));
+    assert_eq!(
+        pod_spec(&js, 1)["containers"][0]["command"],
+        json!(["mpirun", "hostname"]),
+        "the launcher's command is the user's"
+    );
+    assert_eq!(
+        pod_spec(&js, 1)["containers"][0].get("readinessProbe"),
+        None
+    );
+}
+
+#[tokio::test]
+async fn another_ssh_port_reaches_sshd_the_probe_the_ssh_args_and_the_preflight() {
+    let annotations = json!({"mpi-webhook.io/ssh-port": "2222"});
+    let cases = [
+        (
+            "OpenMPI",
+            vec!["OMPI_MCA_plm_rsh_args", "PRTE_MCA_plm_ssh_args"],
+        ),
+        ("Intel", vec!["I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS"]),
+        ("MPICH", vec!["HYDRA_LAUNCHER_EXTRA_ARGS"]),
+    ];
+    for (implementation, ssh_args) in cases {
+        let js = jobset(implementation, annotations.clone(), minimal_rjobs());
+        let js = defaulted(js, IMAGE).await;
+        let worker = &pod_spec(&js, 0)["containers"][0];
+        assert_eq!(
+            worker["command"],
+            json!(["/usr/sbin/sshd", "-De", "-p", "2222"])
+        );
+        assert_eq!(
+            worker["readinessProbe"],
+            json!({"tcpSocket": {"port": 2222}})
+        );
+        assert_eq!(
+            pod_spec(&js, 1)["initContainers"],
+            json!([preflight("2222")])
+        );
+        let env = pod_spec(&js, 1)["containers"][0]["env"]
+            .as_array()
+            .expect("env")
+            .clone();
+        let with_port: Vec<&str> = env
+            .iter()
+            .filter(|e| e["value"] == "-o ConnectionAttempts=10 -p 2222")
+            .map(|e| e["name"].as_str().expect("name"))
+            .collect();
+        assert_eq!(with_port, ssh_args, "{implementation}");
+    }
+}
+
+#[tokio::test]
+async fn defaults_never_replace_what_the_user_wrote() {
+    let mut rjobs = minimal_rjobs();
+    let user_probe = json!({"exec": {"command": ["true"]}});
+    rjobs[0]["template"]["spec"]["template"]["spec"]["containers"] = json!([container(
+        "worker",
+        json!({"args": ["-De"], "readinessProbe": user_probe})
+    )]);
+    let user_preflight = json!({"name": "mpi-preflight", "image": "mine:1"});
+    rjobs[1]["template"]["spec"]["template"]["spec"]["initContainers"] =
+        json!([{"name": "setup", "image": "setup:1"}, user_preflight]);
+    rjobs[1]["dependsOn"] = json!([{"name": "node", "status": "Complete"}]);
+    let js = defaulted(jobset("MPICH", json!({}), rjobs.clone()), IMAGE).await;
+    let worker = &pod_spec(&js, 0)["containers"][0];
+    assert_eq!(
+        worker.get("command"),
+        None,
+        "args alone: the user's entrypoint"
+    );
+    assert_eq!(worker["args"], json!(["-De"]));
+    assert_eq!(worker["readinessProbe"], user_probe);
+    assert_eq!(
+        pod_spec(&js, 1)["initContainers"],
+        json!([{"name": "setup", "image": "setup:1"}, user_preflight])
+    );
+    assert_eq!(
+        js["spec"]["replicatedJobs"][1]["dependsOn"],
+        json!([{"name": "node", "status": "Complete"}])
+    );
+    // Other init containers of the user's: the pre-flight goes first, before them.
+    rjobs[1]["template"]["spec"]["template"]["spec"]["initContainers"] =
+        json!([{"name": "setup", "image": "setup:1"}]);
+    rjobs[0]["template"]["spec"]["template"]["spec"]["containers"] = json!([container(
+        "worker",
+        json!({"command": ["/bin/sshd-wrapper"]})
+    )]);
+    let js = defaulted(jobset("MPICH", json!({}), rjobs), IMAGE).await;
+    assert_eq!(
+        pod_spec(&js, 1)["initContainers"],
+        json!([preflight("22"), {"name": "setup", "image": "setup:1"}])
+    );
+    let worker = &pod_spec(&js, 0)["containers"][0];
+    assert_eq!(worker["command"], json!(["/bin/sshd-wrapper"]));
+    assert_eq!(worker["readinessProbe"], json!({"tcpSocket": {"port": 22}}));
+}
+
+#[tokio::test]
+async fn node_listed_after_the_launcher_gets_no_dependson_and_a_warning_saying_why() {
+    let mut rjobs = minimal_rjobs();
+    rjobs.reverse();
+    let js = jobset("OpenMPI", json!({}), rjobs);
+    let mutated = defaulted(js, IMAGE).await;
+    assert_eq!(mutated["spec"]["replicatedJobs"][0].get("dependsOn"), None);
+    assert_eq!(
+        validate(mutated).await["warnings"],
+        json!([
+            "spec.replicatedJobs[0].dependsOn: the launcher does not wait for the workers: without dependsOn [{name: node, status: Ready}] it may start before their sshd listens; none was added because node is listed after launcher, and JobSet lets a replicatedJob depend only on those listed before it: list node first"
+        ])
+    );
+    // Listed first and unset: the mutation adds it, so even the unmutated JobSet is no risk.
+    let first = validate(jobset("OpenMPI", json!({}), minimal_rjobs())).await;
+    assert_eq!(first["allowed"], true);
+    assert_eq!(first.get("warnings"), None);
+}
+
+/// A pod's container names are unique across its init containers and containers: a launcher
+/// container the user named `mpi-preflight` keeps the name, and no pre-flight is added.
+#[tokio::test]
+async fn a_launcher_container_named_mpi_preflight_gets_no_preflight() {
+    let mut rjobs = minimal_rjobs();
+    rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] = json!([
+        container("launcher", json!({"command": ["mpirun", "hostname"]})),
+        container("mpi-preflight", json!({})),
+    ]);
+    let js = defaulted(jobset("OpenMPI", json!({}), rjobs), IMAGE).await;
+    assert_eq!(pod_spec(&js, 1).get("initContainers"), None);
+}
+
+/// JobSet refuses `dependsOn` next to `startupPolicyOrder: InOrder` (a CEL rule of its CRD), and
+/// InOrder already starts the launcher once the workers are Ready: no dependsOn, no warning.
+#[tokio::test]
+async fn a_jobset_started_in_order_gets_no_dependson() {
+    let mut js = jobset("OpenMPI", json!({}), minimal_rjobs());
+    js["spec"]["startupPolicy"] = json!({"startupPolicyOrder": "InOrder"});
+    let mutated = defaulted(js, IMAGE).await;
+    assert_eq!(mutated["spec"]["replicatedJobs"][1].get("dependsOn"), None);
+    assert_eq!(
+        pod_spec(&mutated, 0)["containers"][0]["readinessProbe"],
+        json!({"tcpSocket": {"port": 22}}),
+        "the other defaults stay"
+    );
+    assert_eq!(validate(mutated).await.get("warnings"), None);
+    let mut js = jobset("OpenMPI", json!({}), minimal_rjobs());
+    js["spec"]["startupPolicy"] = json!({"startupPolicyOrder": "AnyOrder"});
+    let mutated = defaulted(js, IMAGE).await;
+    assert_eq!(
+        mutated["spec"]["replicatedJobs"][1]["dependsOn"],
+        json!([{"name": "node", "status": "Ready"}])
+    );
+}
+
+#[tokio::test]
+async fn no_preflight_without_an_image_or_with_the_annotation_false() {
+    let js = defaulted(jobset("Intel", json!({}), minimal_rjobs()), "").await;
+    assert_eq!(pod_spec(&js, 1).get("initContainers"), None, "no image");
+    let opted_out = jobset(
+        "Intel",
+        json!({"mpi-webhook.io/preflight": "false"}),
+        minimal_rjobs(),
+    );
+    let js = defaulted(opted_out, IMAGE).await;
+    assert_eq!(pod_spec(&js, 1).get("initContainers"), None, "opted out");
+    assert_eq!(
+        pod_spec(&js, 0)["containers"][0]["command"],
+        json!(["/usr/sbin/sshd", "-De", "-p", "22"]),
+        "the other defaults stay"
+    );
+}
+
+#[tokio::test]
+async fn every_edit_of_a_minimal_review_is_defaulted_as_the_reference_defaults() {
+    let mut rjobs = minimal_rjobs();
+    rjobs[1]["template"]["spec"]["template"]["spec"]["initContainers"] =
+        json!([{"name": "setup", "image": "setup:1"}]);
+    let js = jobset("OpenMPI", json!({"mpi-webhook.io/ssh-port": "2222"}), rjobs);
+    let options = Options {
+        preflight_image: IMAGE.to_string(),
+    };
+    let create = admission_review(JOBSET, "CREATE", js);
+    let objects = Snapshot::default();
+    assert!(
+        every_edit_is_answered_with(Route::MutateJobSet, &create, &objects, &options).await > 0
+    );
+}
+
+/// The pre-flight is admitted under the `restricted` Pod Security Standard: checked on the init
+/// container alone, with the launcher pod's volumes (the user's containers are theirs).
+#[tokio::test]
+async fn the_preflight_meets_the_restricted_pod_security_standard() {
+    let js = defaulted(jobset("OpenMPI", json!({}), minimal_rjobs()), IMAGE).await;
+    let launcher = pod_spec(&js, 1);
+    let alone = json!({
+        "initContainers": launcher["initContainers"],
+        "volumes": launcher["volumes"],
+    });
+    assert_eq!(
+        super::pss::restricted_violations(&alone),
+        Vec::<String>::new()
+    );
 }

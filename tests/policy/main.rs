@@ -6,6 +6,8 @@ mod coexistence;
 mod enforce;
 mod jobset_mode;
 mod oracle;
+#[path = "../support/pss.rs"]
+mod pss;
 mod render;
 mod ssa;
 mod support;

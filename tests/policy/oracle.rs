@@ -12,7 +12,7 @@ use json_patch::{AddOperation, PatchOperation, ReplaceOperation};
 use mpi_webhook::mpi::enforce::MutationError;
 use mpi_webhook::mpi::plan::MpiPlan;
 use mpi_webhook::mpi::{
-    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_VOLUME, LAUNCHER, NODE,
+    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_PATH, HOSTFILE_VOLUME, LAUNCHER, NODE,
     SSH_AUTH_DEFAULT_MODE, SSH_AUTH_VOLUME, SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY,
     SSH_PRIVATE_KEY_FILE, SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE,
     hostfile_configmap_name, ssh_secret_name,
@@ -44,6 +44,36 @@ fn hostfile_volume(plan: &MpiPlan) -> Value {
             "items": [{"key": HOSTFILE_NAME, "path": HOSTFILE_NAME, "mode": HOSTFILE_MODE}]
         }
     })
+}
+
+/// JobSet mode's pre-flight init container (interface.md "JobSet mode that just works").
+fn preflight_container(image: &str, port: u16) -> Value {
+    json!({
+        "name": "mpi-preflight",
+        "image": image,
+        "command": ["/usr/local/bin/mpi-webhook", "preflight", "--hostfile", HOSTFILE_PATH,
+                    "--port", port.to_string()],
+        "volumeMounts": [{"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR, "readOnly": true}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"cpu": "100m", "memory": "32Mi"}
+        },
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": 65532,
+            "runAsGroup": 65532,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}
+        }
+    })
+}
+
+/// Whether `value` is absent or `null`: where JobSet mode may fill in a default.
+fn unset(value: Option<&Value>) -> bool {
+    value.is_none_or(Value::is_null)
 }
 
 fn mount(name: &str, mount_path: &str) -> Value {
@@ -147,7 +177,7 @@ impl Patcher {
     /// Records `add` (`replace: false`) or `replace` of `value` at `path` and applies it to the
     /// working copy.
     fn emit(&mut self, replace: bool, path: &[Token], value: Value) {
-        self.apply(path, &value);
+        self.apply(path, &value, !replace);
         let path = pointer(path);
         self.ops.push(if replace {
             PatchOperation::Replace(ReplaceOperation { path, value })
@@ -162,7 +192,7 @@ impl Patcher {
     /// object member, the end of an array, an existing value), where `add` and `replace` both
     /// set the value; were one not to apply, the working copy would only be stale for later
     /// operations of this same pass.
-    fn apply(&mut self, path: &[Token], value: &Value) {
+    fn apply(&mut self, path: &[Token], value: &Value, insert: bool) {
         let Some(path) = self.local(path) else {
             return;
         };
@@ -176,6 +206,9 @@ impl Patcher {
                 map.insert((*key).to_string(), value.clone());
             }
             (Some(Value::Array(items)), Token::End) => items.push(value.clone()),
+            (Some(Value::Array(items)), Token::Index(i)) if insert && *i <= items.len() => {
+                items.insert(*i, value.clone());
+            }
             (Some(Value::Array(items)), Token::Index(i)) => {
                 if let Some(slot) = items.get_mut(*i) {
                     *slot = value.clone();
@@ -290,9 +323,13 @@ pub fn enforce_mpi_policy(
             ));
         }
     };
+    // JobSet refuses dependsOn next to `startupPolicyOrder: InOrder`.
+    let in_order =
+        jobset.pointer("/spec/startupPolicy/startupPolicyOrder") == Some(&json!("InOrder"));
+    let mut node_before = false;
     for (i, rjob) in rjobs.iter().enumerate() {
         let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
-        if name != LAUNCHER && name != NODE {
+        if !rjob.is_object() || (name != LAUNCHER && name != NODE) {
             continue;
         }
         let rjob_path = child(&keys(["spec", "replicatedJobs"]), &[Token::Index(i)]);
@@ -301,18 +338,25 @@ pub fn enforce_mpi_policy(
             doc: rjob.clone(),
             ops: Vec::new(),
         };
-        enforce_replicated_job(&mut patcher, plan, &rjob_path, name == LAUNCHER)?;
+        let launcher = (name == LAUNCHER).then_some(node_before && !in_order);
+        enforce_replicated_job(&mut patcher, plan, &rjob_path, launcher)?;
         ops.append(&mut patcher.ops);
+        node_before |= name == NODE;
     }
     Ok(ops)
 }
 
+/// `launcher`: for the launcher `Some(whether it may depend on node)` (node listed before it, no
+/// `startupPolicyOrder: InOrder`), `None` for `node`.
 fn enforce_replicated_job(
     patcher: &mut Patcher,
     plan: &MpiPlan,
     rjob_path: &[Token],
-    is_launcher: bool,
+    launcher: Option<bool>,
 ) -> Result<(), MutationError> {
+    let is_launcher = launcher.is_some();
+    let defaults = plan.jobset_defaults.is_some();
+    let port = plan.ssh_port();
     // C.1: the worker count, only when the TrainJob sets numNodes.
     if let (false, Some(count)) = (is_launcher, plan.node_count) {
         patcher.set(
@@ -324,12 +368,48 @@ fn enforce_replicated_job(
             json!(count),
         )?;
     }
+    // JobSet mode: the launcher waits for Ready workers when `node` is listed before it.
+    let depends_on = child(rjob_path, &keys(["dependsOn"]));
+    if defaults && launcher == Some(true) && unset(patcher.get(&depends_on)) {
+        patcher.emit(
+            false,
+            &depends_on,
+            json!([{"name": "node", "status": "Ready"}]),
+        );
+    }
     // C.3: volumes, by name.
     let pod_spec = child(rjob_path, &keys(["template", "spec", "template", "spec"]));
     let volumes = child(&pod_spec, &keys(["volumes"]));
     patcher.upsert(&volumes, "name", ssh_auth_volume(plan))?;
     if is_launcher {
         patcher.upsert(&volumes, "name", hostfile_volume(plan))?;
+    }
+    // JobSet mode: the pre-flight first among the launcher's init containers, unless one of
+    // that name is there, among them or among the containers.
+    let named_preflight = |list: Option<&Value>| {
+        list.and_then(Value::as_array).is_some_and(|l| {
+            l.iter()
+                .any(|c| c.get("name") == Some(&json!("mpi-preflight")))
+        })
+    };
+    let taken = named_preflight(patcher.get(&child(&pod_spec, &keys(["containers"]))));
+    if let (true, Some(image), false) = (is_launcher, plan.preflight_image(), taken) {
+        let init = child(&pod_spec, &keys(["initContainers"]));
+        match patcher.get(&init) {
+            None | Some(Value::Null) => {
+                patcher.emit(false, &init, json!([preflight_container(image, port)]));
+            }
+            Some(Value::Array(list)) => {
+                if !list
+                    .iter()
+                    .any(|c| c.get("name") == Some(&json!("mpi-preflight")))
+                {
+                    let first = child(&init, &[Token::Index(0)]);
+                    patcher.emit(false, &first, preflight_container(image, port));
+                }
+            }
+            other => return Err(wrong_type(&init, other, "an array")),
+        }
     }
     // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in
     // TrainJob mode those named `node`).
@@ -356,8 +436,25 @@ fn enforce_replicated_job(
         if is_launcher {
             patcher.upsert(&mounts, "mountPath", mount(HOSTFILE_VOLUME, HOSTFILE_DIR))?;
             let env = child(&container, &keys(["env"]));
-            for (name, value) in plan.implementation.env_pairs(plan.slots) {
+            for (name, value) in plan.launcher_env() {
                 patcher.upsert(&env, "name", json!({"name": name, "value": value}))?;
+            }
+        }
+        // JobSet mode: sshd on the workers, unless they run something of their own, and a
+        // readiness probe on its port.
+        if defaults && !is_launcher {
+            let command = child(&container, &keys(["command"]));
+            let args = child(&container, &keys(["args"]));
+            if unset(patcher.get(&command)) && unset(patcher.get(&args)) {
+                patcher.emit(
+                    false,
+                    &command,
+                    json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()]),
+                );
+            }
+            let probe = child(&container, &keys(["readinessProbe"]));
+            if unset(patcher.get(&probe)) {
+                patcher.emit(false, &probe, json!({"tcpSocket": {"port": port}}));
             }
         }
     }

@@ -4,13 +4,14 @@
 //! carries it. Members are declared in the order they are written, the order of the spec.
 
 use serde::Serialize;
+use serde_json::{Value, json};
 
 use super::super::plan::MpiPlan;
 use super::super::{
-    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_VOLUME, SSH_AUTH_DEFAULT_MODE,
-    SSH_AUTH_VOLUME, SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY, SSH_PRIVATE_KEY_FILE,
-    SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE, hostfile_configmap_name,
-    ssh_secret_name,
+    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_PATH, HOSTFILE_VOLUME, NODE,
+    PREFLIGHT_BINARY, PREFLIGHT_CONTAINER, PREFLIGHT_USER, SSH_AUTH_DEFAULT_MODE, SSH_AUTH_VOLUME,
+    SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY, SSH_PRIVATE_KEY_FILE, SSH_PUBLIC_KEY,
+    SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE, SSHD, hostfile_configmap_name, ssh_secret_name,
 };
 
 /// A `KeyToPath` of a Secret or ConfigMap volume.
@@ -143,4 +144,44 @@ impl<'a> Mount<'a> {
             mount_path: HOSTFILE_DIR,
         }
     }
+}
+
+/// JobSet mode: the `node` container's command when it has neither command nor args.
+pub fn sshd_command(port: u16) -> Value {
+    json!([SSHD, "-De", "-p", port.to_string()])
+}
+
+/// JobSet mode: the `node` container's readiness probe when it has none.
+pub fn sshd_readiness_probe(port: u16) -> Value {
+    json!({"tcpSocket": {"port": port}})
+}
+
+/// JobSet mode: the launcher's `dependsOn` when it has none and `node` is listed before it.
+pub fn depends_on_ready_nodes() -> Value {
+    json!([{"name": NODE, "status": "Ready"}])
+}
+
+/// JobSet mode: the launcher pre-flight init container, `mpi-webhook preflight` in `image`
+/// on the hostfile, admitted under the `restricted` Pod Security Standard.
+pub fn preflight_container(image: &str, port: u16) -> Value {
+    json!({
+        "name": PREFLIGHT_CONTAINER,
+        "image": image,
+        "command": [PREFLIGHT_BINARY, "preflight", "--hostfile", HOSTFILE_PATH, "--port", port.to_string()],
+        "volumeMounts": [{"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR, "readOnly": true}],
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "resources": {
+            "requests": {"cpu": "10m", "memory": "16Mi"},
+            "limits": {"cpu": "100m", "memory": "32Mi"}
+        },
+        "securityContext": {
+            "runAsNonRoot": true,
+            "runAsUser": PREFLIGHT_USER,
+            "runAsGroup": PREFLIGHT_USER,
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"}
+        }
+    })
 }

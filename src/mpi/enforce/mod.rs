@@ -24,10 +24,10 @@ use serde_json::Value;
 use serde_json::value::RawValue;
 
 use items::{EnvVar, HostfileVolume, Mount, SshAuthVolume};
-use view::{Count, JobSpec, PodSpec, ReplicatedJob, Slot};
+use view::{Count, JobSpec, PodSpec, ReplicatedJob, Set, Slot};
 
 use super::plan::MpiPlan;
-use super::{LAUNCHER, NODE};
+use super::{LAUNCHER, NODE, PREFLIGHT_CONTAINER};
 
 /// The JobSet has a value of the wrong JSON type where the policy must write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,6 +73,11 @@ pub fn enforce_mpi_policy(
         Slot::Present(rjobs) => rjobs,
     };
     let items = Items::new(plan);
+    // Whether a `node` is listed before the replicatedJob at hand: JobSet lets a replicatedJob
+    // depend only on those listed before it, and on none under `startupPolicyOrder: InOrder`
+    // (the two are mutually exclusive; InOrder already starts the launcher after Ready workers).
+    let in_order = spec_in_order(&jobset.spec);
+    let mut node_before = false;
     for (i, rjob) in rjobs.iter().enumerate() {
         let Element::Object(rjob) = rjob else {
             continue;
@@ -84,10 +89,51 @@ pub fn enforce_mpi_policy(
         let at = path.len();
         push_index(&mut path, i);
         let mut job = JobWriter::new(&mut patch, &mut path, rjob);
-        job.enforce(plan, &items, name == LAUNCHER)?;
+        let role = match name {
+            LAUNCHER => Role::Launcher {
+                may_depend_on_node: node_before && !in_order,
+            },
+            _ => Role::Node,
+        };
+        job.enforce(plan, &items, role)?;
         path.truncate(at);
+        node_before |= name == NODE;
     }
     Ok(patch.finish())
+}
+
+/// Whether the JobSet asks `startupPolicy.startupPolicyOrder: InOrder`.
+fn spec_in_order(spec: &Slot<view::Spec<'_>>) -> bool {
+    match spec {
+        Slot::Present(spec) => match &spec.startup_policy {
+            Slot::Present(policy) => policy.startup_policy_order.as_deref() == Some(IN_ORDER),
+            Slot::Missing | Slot::Wrong(_) => false,
+        },
+        Slot::Missing | Slot::Wrong(_) => false,
+    }
+}
+
+/// Whether `containers` has one named `name`.
+fn has_container(containers: &Slot<Vec<Element<view::Container<'_>>>>, name: &str) -> bool {
+    match containers {
+        Slot::Present(list) => list
+            .iter()
+            .any(|c| matches!(c, Element::Object(c) if c.name.as_deref() == Some(name))),
+        Slot::Missing | Slot::Wrong(_) => false,
+    }
+}
+
+/// JobSet's `startupPolicyOrder` that excludes `dependsOn`.
+const IN_ORDER: &str = "InOrder";
+
+/// Which of the two replicatedJobs the policy wires.
+#[derive(Debug, Clone, Copy)]
+enum Role {
+    /// `launcher`, with whether JobSet lets it depend on `node`: `node` is listed before it and
+    /// the JobSet has no `startupPolicyOrder: InOrder`.
+    Launcher { may_depend_on_node: bool },
+    /// `node`.
+    Node,
 }
 
 /// The entries the policy writes, each serialized once per JobSet with its key.
@@ -97,6 +143,37 @@ struct Items {
     ssh_mount: Item,
     hostfile_mount: Item,
     env: Vec<Item>,
+    /// JobSet mode only.
+    defaults: Option<Defaults>,
+}
+
+/// What JobSet mode fills in where the user left it unset, serialized once per JobSet.
+struct Defaults {
+    sshd_command: Vec<u8>,
+    readiness_probe: Vec<u8>,
+    depends_on: Vec<u8>,
+    /// The pre-flight init container, when the plan has an image for it.
+    preflight: Option<Item>,
+}
+
+impl Defaults {
+    fn new(plan: &MpiPlan) -> Option<Self> {
+        plan.jobset_defaults.as_ref()?;
+        let port = plan.ssh_port();
+        let json = |value: Value| serde_json::to_vec(&value).unwrap_or_default();
+        Some(Self {
+            sshd_command: json(items::sshd_command(port)),
+            readiness_probe: json(items::sshd_readiness_probe(port)),
+            depends_on: json(items::depends_on_ready_nodes()),
+            preflight: plan.preflight_image().map(|image| {
+                Item::new(
+                    "name",
+                    PREFLIGHT_CONTAINER,
+                    &items::preflight_container(image, port),
+                )
+            }),
+        })
+    }
 }
 
 /// One entry: the member holding the key it is upserted by, that key, and its JSON.
@@ -149,10 +226,10 @@ impl Items {
                 &hostfile_mount,
             ),
             env: plan
-                .implementation
-                .env_pairs(plan.slots)
+                .launcher_env()
                 .map(|(name, value)| Item::new("name", name, &EnvVar { name, value }))
                 .collect(),
+            defaults: Defaults::new(plan),
         }
     }
 }
@@ -193,6 +270,8 @@ struct JobWriter<'p, 'v> {
     /// The replicatedJob's JSON pointer, extended and truncated back as operations are written.
     path: &'p mut String,
     levels: [State; 4],
+    /// Whether the replicatedJob has a `dependsOn`.
+    depends_on: Set,
     /// The Job spec and the pod spec, where the JobSet has them.
     job_spec: Option<&'v JobSpec<'v>>,
     pod_spec: Option<&'v PodSpec<'v>>,
@@ -214,17 +293,14 @@ impl<'p, 'v> JobWriter<'p, 'v> {
                 state(pod_template.map(State::from)),
                 state(pod_spec.map(State::from)),
             ],
+            depends_on: rjob.depends_on,
             job_spec: job_spec.and_then(present),
             pod_spec: pod_spec.and_then(present),
         }
     }
 
-    fn enforce(
-        &mut self,
-        plan: &MpiPlan,
-        items: &Items,
-        is_launcher: bool,
-    ) -> Result<(), MutationError> {
+    fn enforce(&mut self, plan: &MpiPlan, items: &Items, role: Role) -> Result<(), MutationError> {
+        let is_launcher = matches!(role, Role::Launcher { .. });
         // C.1: the worker count, only when the TrainJob sets numNodes.
         if let (false, Some(count)) = (is_launcher, plan.node_count) {
             let (parallelism, completions) =
@@ -234,11 +310,34 @@ impl<'p, 'v> JobWriter<'p, 'v> {
             self.set_count("parallelism", parallelism, count)?;
             self.set_count("completions", completions, count)?;
         }
+        // JobSet mode: the launcher waits for the workers' sshd, where JobSet allows it.
+        if let (
+            Role::Launcher {
+                may_depend_on_node: true,
+            },
+            Some(defaults),
+            Set(false),
+        ) = (role, &items.defaults, self.depends_on)
+        {
+            let at = self.extend(&["dependsOn"]);
+            self.patch.push("add", self.path, &defaults.depends_on);
+            self.path.truncate(at);
+        }
         // C.3: volumes, by name.
         let mut volumes = List::of(self.pod_spec.map(|p| &p.volumes));
         self.upsert_below(POD_SPEC, "volumes", &mut volumes, &items.ssh_volume)?;
         if is_launcher {
             self.upsert_below(POD_SPEC, "volumes", &mut volumes, &items.hostfile_volume)?;
+        }
+        // JobSet mode: the pre-flight runs first in the launcher pod, unless the user has one,
+        // or a container of that name (a pod's container names are unique across both lists).
+        let preflight = items.defaults.as_ref().and_then(|d| d.preflight.as_ref());
+        let taken = self
+            .pod_spec
+            .is_some_and(|p| has_container(&p.containers, PREFLIGHT_CONTAINER));
+        if let (true, Some(item), false) = (is_launcher, preflight, taken) {
+            let init_containers = List::of(self.pod_spec.map(|p| &p.init_containers));
+            self.insert_first(init_containers, "initContainers", item)?;
         }
         // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in
         // TrainJob mode those named `node`). The pod spec exists now: the volumes are in it.
@@ -267,6 +366,15 @@ impl<'p, 'v> JobWriter<'p, 'v> {
                 let mut env = List::of(Some(&container.env));
                 for item in &items.env {
                     self.upsert(&mut env, "env", item)?;
+                }
+            }
+            // JobSet mode: the workers run sshd and are ready once it listens.
+            if let (false, Some(defaults)) = (is_launcher, &items.defaults) {
+                if let (Set(false), Set(false)) = (container.command, container.args) {
+                    self.add_member("command", &defaults.sshd_command);
+                }
+                if container.readiness_probe == Set(false) {
+                    self.add_member("readinessProbe", &defaults.readiness_probe);
                 }
             }
             self.path.truncate(container_at);
@@ -355,6 +463,45 @@ impl<'p, 'v> JobWriter<'p, 'v> {
         }
         let at = self.extend(&LEVELS[..depth]);
         let result = self.upsert(list, member, item);
+        self.path.truncate(at);
+        result
+    }
+
+    /// Adds `member` set to `value` to the object at the current path, which exists and has no
+    /// such member.
+    fn add_member(&mut self, member: &str, value: &[u8]) {
+        let at = self.extend(&[member]);
+        self.patch.push("add", self.path, value);
+        self.path.truncate(at);
+    }
+
+    /// Puts `item` first in the pod spec's list `member`, unless an entry with its key is
+    /// there (the user's, left as it is). The pod spec exists.
+    fn insert_first(
+        &mut self,
+        list: List<'_>,
+        member: &str,
+        item: &Item,
+    ) -> Result<(), MutationError> {
+        let at = self.extend(&LEVELS);
+        self.extend(&[member]);
+        let result = match list {
+            List::Missing => {
+                self.patch.push("add", self.path, &item.listed());
+                Ok(())
+            }
+            List::Wrong(found) => Err(wrong_type(self.path, found, "an array")),
+            List::Present(entries) => {
+                let has_key = entries.iter().any(|entry| {
+                    view::member_string(entry, item.by).as_deref() == Some(&*item.key)
+                });
+                if !has_key {
+                    self.path.push_str("/0");
+                    self.patch.push("add", self.path, &item.json);
+                }
+                Ok(())
+            }
+        };
         self.path.truncate(at);
         result
     }

@@ -87,6 +87,13 @@ pub struct JobSetView<'a> {
 #[derive(Debug, Default)]
 pub(super) struct Spec<'a> {
     pub replicated_jobs: Slot<Vec<Element<ReplicatedJob<'a>>>>,
+    pub startup_policy: Slot<StartupPolicy<'a>>,
+}
+
+/// `spec.startupPolicy`: JobSet refuses `dependsOn` next to `startupPolicyOrder: InOrder`.
+#[derive(Debug, Default)]
+pub(super) struct StartupPolicy<'a> {
+    pub startup_policy_order: Name<'a>,
 }
 
 /// A value read as an object of type `T`, or, when it is not an object, its JSON type.
@@ -101,6 +108,7 @@ pub enum Element<T> {
 #[derive(Debug, Default)]
 pub(super) struct ReplicatedJob<'a> {
     pub name: Name<'a>,
+    pub depends_on: Set,
     pub template: Slot<JobTemplate<'a>>,
 }
 
@@ -124,6 +132,7 @@ pub(super) struct PodTemplate<'a> {
 #[derive(Debug, Default)]
 pub(super) struct PodSpec<'a> {
     pub volumes: Slot<Vec<&'a RawValue>>,
+    pub init_containers: Slot<Vec<&'a RawValue>>,
     pub containers: Slot<Vec<Element<Container<'a>>>>,
 }
 
@@ -132,7 +141,15 @@ pub(super) struct Container<'a> {
     pub name: Name<'a>,
     pub volume_mounts: Slot<Vec<&'a RawValue>>,
     pub env: Slot<Vec<&'a RawValue>>,
+    pub command: Set,
+    pub args: Set,
+    pub readiness_probe: Set,
 }
+
+/// A member JobSet mode only fills in when the user left it unset: whether it holds a value
+/// (absent or `null` is unset; any other value, of any type, is the user's and stays).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Set(pub bool);
 
 /// A `name` member: the name when it is a string, none otherwise (an entry with a name of
 /// another type has no name the policy looks for).
@@ -326,8 +343,16 @@ macro_rules! object_view {
 }
 
 object_view!(JobSetView { "metadata" => metadata, "spec" => spec });
-object_view!(Spec { "replicatedJobs" => replicated_jobs });
-object_view!(ReplicatedJob { "name" => name, "template" => template });
+object_view!(Spec {
+    "replicatedJobs" => replicated_jobs,
+    "startupPolicy" => startup_policy,
+});
+object_view!(StartupPolicy { "startupPolicyOrder" => startup_policy_order });
+object_view!(ReplicatedJob {
+    "name" => name,
+    "dependsOn" => depends_on,
+    "template" => template,
+});
 object_view!(JobTemplate { "spec" => spec });
 object_view!(JobSpec {
     "parallelism" => parallelism,
@@ -335,11 +360,18 @@ object_view!(JobSpec {
     "template" => template,
 });
 object_view!(PodTemplate { "spec" => spec });
-object_view!(PodSpec { "volumes" => volumes, "containers" => containers });
+object_view!(PodSpec {
+    "volumes" => volumes,
+    "initContainers" => init_containers,
+    "containers" => containers,
+});
 object_view!(Container {
     "name" => name,
     "volumeMounts" => volume_mounts,
     "env" => env,
+    "command" => command,
+    "args" => args,
+    "readinessProbe" => readiness_probe,
 });
 
 /// Visits any JSON value and reports its type, draining arrays and objects.
@@ -435,6 +467,21 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for Element<T> {
             }
         }
         deserializer.deserialize_any(ElementVisitor(PhantomData))
+    }
+}
+
+impl<'de> Deserialize<'de> for Set {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SetVisitor;
+        impl<'de> Visitor<'de> for SetVisitor {
+            type Value = Set;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any JSON value")
+            }
+            by_type!(Set, |found| Set(found != JsonType::Null); unit none bool i64 u64 f64 str seq map);
+        }
+        deserializer.deserialize_any(SetVisitor)
     }
 }
 
