@@ -138,6 +138,9 @@ pub struct Cluster {
     namespaces: Vec<String>,
     daemons: Vec<Daemon>,
     pub pods: Vec<Pod>,
+    /// A pod whose headless-Service record cluster DNS has not published (a negative control):
+    /// no other pod resolves its name; the pod itself still has kubelet's line.
+    pub unpublished: Option<String>,
     torn_down: bool,
 }
 
@@ -167,6 +170,7 @@ impl Cluster {
             namespaces: Vec::new(),
             daemons: Vec::new(),
             pods: Vec::new(),
+            unpublished: None,
             torn_down: false,
         };
         ensure!(plans.len() < 200, "too many pods");
@@ -277,6 +281,10 @@ impl Cluster {
             "# cluster DNS: headless Service records, reachable through the search list {searches:?}"
         );
         for q in &self.pods {
+            if self.unpublished.as_ref() == Some(&q.plan.hostname) {
+                let _ = writeln!(h, "# {}: not published", q.plan.hostname);
+                continue;
+            }
             let fqdn = format!("{}.{ns}.svc.{CLUSTER_DOMAIN}", q.plan.dns_name);
             let mut names = vec![fqdn.clone()];
             for s in &searches {

@@ -24,9 +24,18 @@
 //! the test also asserts the exact hostfile (Decision 17 for Hydra's launcher line) and the key's
 //! mode.
 //!
+//! The JobSet-mode JobSets are written minimally (no command on the workers, no probe, no
+//! `dependsOn`) and mutated with `--preflight-image`: the workers run the sshd command the patch
+//! adds (on 2222 where `mpi-webhook.io/ssh-port` says so, reached only through the ` -p 2222` the
+//! patch adds to the launcher's ssh args), and the launcher pod runs its init containers (the
+//! pre-flight, the binary under test as the image's, as its user) to completion before its
+//! command, as kubelet does.
+//!
 //! Negative controls: Open MPI 5 with only upstream's four OMPI_MCA_orte_* vars keeps the ranks
 //! on the launcher (kubeflow/trainer#4028) and the job still "succeeds"; a JobSet-mode run with
-//! TrainJob mode's `id_rsa` 0640 fails as root, ssh refusing the key.
+//! TrainJob mode's `id_rsa` 0640 fails as root, ssh refusing the key; and the pre-flight, given a
+//! worker whose sshd is not running or a worker cluster DNS has no record for, exits 1 naming
+//! exactly that host (and port), so the launcher's command never starts.
 //!
 //! Needs root, iproute2, util-linux, openssh-server and the launchers:
 //! `scripts/install-mpi-launchers.sh`. Missing prerequisites fail the test under CI=true and skip
@@ -81,7 +90,33 @@ enum Wiring {
     UpstreamOnly,
     /// The same, with `id_rsa` projected with TrainJob mode's 0640 instead.
     GroupReadableKey,
+    /// Exactly the patched JobSet, but the second worker's sshd is not started: the pre-flight
+    /// must fail naming that worker's port, and the launcher's command must never start.
+    SshdNotRunning,
+    /// Exactly the patched JobSet, but cluster DNS has no record for the second worker: the
+    /// pre-flight must fail naming that host, and the launcher's command must never start.
+    UnresolvableHost,
 }
+
+impl Wiring {
+    /// A negative control of the launcher pre-flight.
+    fn preflight_fails(self) -> bool {
+        matches!(self, Wiring::SshdNotRunning | Wiring::UnresolvableHost)
+    }
+}
+
+/// The pre-flight's `--timeout` (through its env var, `MPI_WEBHOOK_TIMEOUT`): the patch leaves the
+/// default 5m, which a regression would make every case wait out. Short for the negative controls,
+/// generous where every host must be ready.
+const PREFLIGHT_TIMEOUT_OK: &str = "60s";
+const PREFLIGHT_TIMEOUT_FAILING: &str = "5s";
+/// Budget of one init container run: past the longest pre-flight timeout, so that the
+/// pre-flight's own verdict is what the test sees.
+const INIT_TIMEOUT: Duration = Duration::from_secs(90);
+/// How the pre-flight says [`PREFLIGHT_TIMEOUT_FAILING`] in its failure line.
+const PREFLIGHT_TIMEOUT_FAILING_SHOWN: &str = "5 s";
+/// The worker the pre-flight's negative controls break: the second `node` pod.
+const BROKEN_WORKER: &str = "node-0-1";
 
 /// The implementations' variables for extra ssh client arguments (the launcher's env).
 const SSH_ARGS_VARS: [&str; 4] = [
@@ -264,6 +299,10 @@ fn scenario(
     }
 
     let mut cluster = Cluster::create(tag, plans, work.path(), mode.image())?;
+    let broken_worker = format!("{name}-{BROKEN_WORKER}");
+    if wiring == Wiring::UnresolvableHost {
+        cluster.unpublished = Some(broken_worker.clone());
+    }
     cluster.prepare(&products.rendered, l)?;
     // Which pod does each hostfile line denote? (pod hostname -> (hostfile name, slots))
     let mut expected_pods: BTreeMap<String, (String, u32)> = BTreeMap::new();
@@ -296,14 +335,90 @@ fn scenario(
         if i == launcher_idx {
             continue;
         }
+        if wiring == Wiring::SshdNotRunning && cluster.pods[i].plan.hostname == broken_worker {
+            continue;
+        }
         let argv = container_argv(cluster.pods[i].plan.container()?)?;
         cluster
             .start_daemon(i, &argv, &l.path_env(), "Server listening on")
             .with_context(|| format!("starting pod {}", cluster.pods[i].plan.hostname))?;
     }
 
-    let argv = container_argv(&launcher_container)?;
+    // kubelet: the launcher pod's init containers run first, each to completion; one that fails
+    // and the launcher's command never starts.
     let lp = &cluster.pods[launcher_idx];
+    let mut preflight_lines = Vec::new();
+    for init in lp.plan.pod_spec["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        let timeout = if wiring.preflight_fails() {
+            PREFLIGHT_TIMEOUT_FAILING
+        } else {
+            PREFLIGHT_TIMEOUT_OK
+        };
+        let argv = init_container_argv(init, &launcher_container)?;
+        let env = [("MPI_WEBHOOK_TIMEOUT".to_string(), timeout.to_string())];
+        let out = proc::run(
+            &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
+            INIT_TIMEOUT,
+        )?;
+        if !wiring.preflight_fails() {
+            ensure!(
+                out.success(),
+                "the launcher's init container {} failed: {}\nworker logs:\n{}",
+                init["name"],
+                out.describe(),
+                cluster.daemon_logs()
+            );
+            preflight_lines.extend(out.stdout.lines().map(str::to_string));
+            continue;
+        }
+        // The negative controls: exit 1, naming exactly the broken worker; mpirun never starts.
+        let port = match mode {
+            Mode::JobSet(shape) => shape.ssh_port(),
+            Mode::TrainJob => bail!("the pre-flight's negative controls are JobSet mode's"),
+        };
+        let dns = format!("{broken_worker}.{name}");
+        let want = match wiring {
+            Wiring::SshdNotRunning => format!(
+                "preflight: {dns}:{port}: connection refused after {PREFLIGHT_TIMEOUT_FAILING_SHOWN}"
+            ),
+            _ => format!("preflight: {dns}: no DNS answer after {PREFLIGHT_TIMEOUT_FAILING_SHOWN}"),
+        };
+        let code = out.status.and_then(|s| s.code());
+        let first = out.stderr.lines().next().unwrap_or("");
+        ensure!(
+            code == Some(1) && !out.timed_out && first == want,
+            "negative control {wiring:?}: expected the pre-flight to exit 1 saying {want:?}; got {}",
+            out.describe()
+        );
+        cluster.teardown()?;
+        return Ok(Outcome {
+            line: format!(
+                "{:<10} {version:<10} {:<38} pre-flight exit 1: {:?}, mpirun not started",
+                l.label,
+                format!("{} runLauncherAsNode={lan} {wiring:?}", mode.label()),
+                first.trim_start_matches("preflight: "),
+            ),
+        });
+    }
+    if let Mode::JobSet(shape) = mode {
+        // Every host answered: the launcher's own name resolved, every worker's sshd on the port.
+        let sshd = preflight_lines
+            .iter()
+            .filter(|l| l.contains(&format!(":{}: resolves, SSH answers", shape.ssh_port())))
+            .count();
+        ensure!(
+            sshd == cluster.pods.len() - 1,
+            "the pre-flight saw {sshd} sshd on port {}, the JobSet has {} workers: {preflight_lines:?}",
+            shape.ssh_port(),
+            cluster.pods.len() - 1
+        );
+    }
+
+    let argv = container_argv(&launcher_container)?;
     let out = proc::run(
         &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
         LAUNCH_TIMEOUT,
@@ -439,6 +554,9 @@ fn scenario(
             if let Some(n) = shape.slots_per_node {
                 set.push(format!("{}={n}", product::SLOTS_PER_NODE_ANNOTATION));
             }
+            if let Some(port) = shape.ssh_port {
+                set.push(format!("{}={port}", product::SSH_PORT_ANNOTATION));
+            }
             if set.is_empty() {
                 String::new()
             } else {
@@ -473,7 +591,9 @@ fn scenario(
                 ),
             })
         }
-        Wiring::GroupReadableKey => unreachable!("returned above"),
+        Wiring::GroupReadableKey | Wiring::SshdNotRunning | Wiring::UnresolvableHost => {
+            unreachable!("returned above")
+        }
         Wiring::UpstreamOnly => {
             // The upstream bug: the job "succeeds" but every rank ran on the launcher.
             let workers: Vec<&String> = per_host.keys().filter(|h| **h != launcher_host).collect();
@@ -540,6 +660,45 @@ fn check_jobset_mode_patch(
         modes == want,
         "id_rsa items (replicatedJob, mode) {modes:?}, JobSet mode projects {want:?}"
     );
+    // The defaults of a minimal JobSet (interface.md "JobSet mode that just works"), which the
+    // test then runs: the workers' sshd on the port, its probe, the launcher's wait, the port on
+    // the launcher's ssh, and the pre-flight first in the launcher pod.
+    if let Mode::JobSet(shape) = mode {
+        let port = shape.ssh_port();
+        let pod =
+            |i: usize| &after["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
+        let worker = product::container(pod(0), mode.wired_container("node"))?;
+        ensure!(
+            worker["command"]
+                == serde_json::json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()])
+                && worker.get("args").is_none()
+                && worker["readinessProbe"] == serde_json::json!({"tcpSocket": {"port": port}}),
+            "the workers' defaults for port {port}: {worker}"
+        );
+        ensure!(
+            after["spec"]["replicatedJobs"][1]["dependsOn"]
+                == serde_json::json!([{"name": "node", "status": "Ready"}]),
+            "the launcher's dependsOn: {}",
+            after["spec"]["replicatedJobs"][1]["dependsOn"]
+        );
+        let init = &pod(1)["initContainers"];
+        ensure!(
+            init.as_array().map(Vec::len) == Some(1) && init[0]["name"] == "mpi-preflight",
+            "the launcher's init containers: {init}"
+        );
+        let launcher = product::container(pod(1), mode.wired_container("launcher"))?;
+        let env = product::env_of(launcher)?;
+        let args: Vec<&String> = env
+            .iter()
+            .filter(|(k, _)| SSH_ARGS_VARS.contains(&k.as_str()))
+            .map(|(_, v)| v)
+            .collect();
+        let suffix = format!(" -p {port}");
+        ensure!(
+            !args.is_empty() && args.iter().all(|v| v.ends_with(&suffix) == (port != 22)),
+            "the launcher's ssh args for port {port}: {args:?}"
+        );
+    }
     let rjobs = |js: &serde_json::Value| js["spec"]["replicatedJobs"].as_array().cloned();
     let (Some(b), Some(a)) = (rjobs(before), rjobs(after)) else {
         bail!("the JobSet lost its replicatedJobs");
@@ -567,6 +726,58 @@ fn check_jobset_mode_patch(
         }
     }
     Ok(())
+}
+
+/// The argv an init container of the launcher pod runs as, in the emulated pod: the pre-flight
+/// image's binary is the one under test, and the container's user and no-new-privileges apply
+/// (`setpriv`, after the pod's mounts). The emulated pod mounts the launcher container's volumes,
+/// so the init container may only mount what the launcher container mounts, at the same paths.
+fn init_container_argv(
+    init: &serde_json::Value,
+    launcher: &serde_json::Value,
+) -> Result<Vec<String>> {
+    let mut argv = container_argv(init)?;
+    ensure!(
+        argv[0] == product::IMAGE_BINARY,
+        "init container {} runs {}, not the pre-flight image's {}",
+        init["name"],
+        argv[0],
+        product::IMAGE_BINARY
+    );
+    ensure!(
+        init["image"] == product::PREFLIGHT_IMAGE,
+        "init container {} has image {}, not --preflight-image's",
+        init["name"],
+        init["image"]
+    );
+    argv[0] = env!("CARGO_BIN_EXE_mpi-webhook").to_string();
+    let launcher_mounts = launcher["volumeMounts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for m in init["volumeMounts"].as_array().into_iter().flatten() {
+        ensure!(
+            launcher_mounts
+                .iter()
+                .any(|l| l["name"] == m["name"] && l["mountPath"] == m["mountPath"]),
+            "init container {} mounts {m}, which the launcher container does not",
+            init["name"]
+        );
+    }
+    let context = &init["securityContext"];
+    let mut wrapper = vec!["setpriv".to_string()];
+    if let Some(uid) = context["runAsUser"].as_u64() {
+        wrapper.push(format!("--reuid={uid}"));
+        let gid = context["runAsGroup"].as_u64().unwrap_or(uid);
+        wrapper.push(format!("--regid={gid}"));
+        wrapper.push("--clear-groups".to_string());
+    }
+    if context["allowPrivilegeEscalation"] == false {
+        wrapper.push("--no-new-privs".to_string());
+    }
+    wrapper.push("--".to_string());
+    wrapper.extend(argv);
+    Ok(wrapper)
 }
 
 fn container_argv(c: &serde_json::Value) -> Result<Vec<String>> {
@@ -679,16 +890,25 @@ fn mpi_launchers() {
             // (Decision 17) included; the rest run on the defaults (1 slot). Every "pod" here
             // sees the machine's cores, and Open MPI 5 binds each rank to a core by default: more
             // slots than the CI machine's 2 cores would fail its binding check, not the wiring.
+            // Every JobSet is written minimally and gets the webhook's defaults (sshd, probe,
+            // dependsOn, the pre-flight); on Open MPI 5, MPICH 5 and Intel MPI the unannotated case
+            // moves sshd to port 2222 (`mpi-webhook.io/ssh-port`), which the launcher's ssh then
+            // reaches only through the ` -p 2222` the webhook adds to its ssh-args variable.
             let annotated = JobSetShape {
                 container: Some("mpi"),
                 slots_per_node: Some(2),
+                ssh_port: None,
+            };
+            let other_port = JobSetShape {
+                ssh_port: Some(2222),
+                ..JobSetShape::default()
             };
             let annotated_lan = matches!(l.id, "ompi4" | "mpich4" | "impi");
             for lan in [false, true] {
-                let shape = if lan == annotated_lan {
-                    annotated
-                } else {
-                    JobSetShape::default()
+                let shape = match (lan == annotated_lan, l.id) {
+                    (true, _) => annotated,
+                    (false, "ompi5" | "mpich5" | "impi") => other_port,
+                    (false, _) => JobSetShape::default(),
                 };
                 cases.push((Mode::JobSet(shape), lan, Wiring::Product));
             }
@@ -698,6 +918,12 @@ fn mpi_launchers() {
                     false,
                     Wiring::GroupReadableKey,
                 ));
+            }
+            // The pre-flight's negative controls, once per hostfile syntax.
+            if matches!(l.id, "ompi4" | "mpich4") {
+                for wiring in [Wiring::SshdNotRunning, Wiring::UnresolvableHost] {
+                    cases.push((Mode::JobSet(other_port), false, wiring));
+                }
             }
         }
         for (mode, lan, wiring) in cases {

@@ -42,6 +42,16 @@ pub struct JobSetShape {
     pub container: Option<&'static str>,
     /// `mpi-webhook.io/slots-per-node`. `None`: no annotation, 1 (the pods ask for no GPUs).
     pub slots_per_node: Option<u32>,
+    /// `mpi-webhook.io/ssh-port`. `None`: no annotation, 22 (the emulated image's ssh client
+    /// default, which the webhook's default sshd command matches).
+    pub ssh_port: Option<u16>,
+}
+
+impl JobSetShape {
+    /// The port the workers' sshd must listen on and the launcher's ssh must dial.
+    pub fn ssh_port(self) -> u16 {
+        self.ssh_port.unwrap_or(22)
+    }
 }
 
 /// JobSet mode's label and annotations (interface.md "JobSet mode").
@@ -49,6 +59,13 @@ pub const IMPLEMENTATION_LABEL: &str = "mpi-webhook.io/implementation";
 pub const RUN_LAUNCHER_AS_NODE_ANNOTATION: &str = "mpi-webhook.io/run-launcher-as-node";
 pub const CONTAINER_ANNOTATION: &str = "mpi-webhook.io/container";
 pub const SLOTS_PER_NODE_ANNOTATION: &str = "mpi-webhook.io/slots-per-node";
+pub const SSH_PORT_ANNOTATION: &str = "mpi-webhook.io/ssh-port";
+/// `review mutate --preflight-image` of every JobSet-mode run: the launcher pod gets the
+/// pre-flight init container, which the test runs before the launcher's command.
+pub const PREFLIGHT_IMAGE: &str = "mpiw.test/mpi-webhook:latest";
+/// Where the pre-flight image has the binary (the shipped Dockerfile's path); the test runs the
+/// binary under test in its place.
+pub const IMAGE_BINARY: &str = "/usr/local/bin/mpi-webhook";
 /// The container listed before the wired one when [`JobSetShape::container`] is set.
 pub const SIDECAR: &str = "sidecar";
 
@@ -273,10 +290,12 @@ fn trainjob_inputs(
     }
 }
 
-/// A JobSet-mode JobSet as a user writes it (the shape of `manifests/samples/jobset-pi-*.yaml`):
-/// `node` (3 workers, or 2 when the launcher runs as a node: 3 hosts either way, as in TrainJob
-/// mode) listed before `launcher`, which waits for them; the label, and only the annotations the
-/// scenario sets. The pods run as root.
+/// A JobSet-mode JobSet written minimally, as `manifests/samples/jobset-pi-*.yaml` are: the
+/// label, the images, the launcher's command (and the user's env a root Open MPI needs), the
+/// counts, and only the annotations the scenario sets. `node` (3 workers, or 2 when the launcher
+/// runs as a node: 3 hosts either way, as in TrainJob mode) is listed before `launcher`. No
+/// command on the workers, no readiness probe, no `dependsOn`: the webhook fills them in, and the
+/// test runs what its patch says. The pods run as root.
 fn jobset_mode_inputs(
     l: &Launcher,
     shape: JobSetShape,
@@ -298,9 +317,6 @@ fn jobset_mode_inputs(
     let worker = json!({
         "name": mode.wired_container("node"),
         "image": image_name,
-        "command": ["/usr/sbin/sshd"],
-        "args": ["-De", "-f", image.sshd_config],
-        "readinessProbe": {"tcpSocket": {"port": image.sshd_port}, "initialDelaySeconds": 1},
     });
     let launcher = json!({
         "name": mode.wired_container("launcher"),
@@ -323,6 +339,9 @@ fn jobset_mode_inputs(
     if let Some(n) = shape.slots_per_node {
         annotations.insert(SLOTS_PER_NODE_ANNOTATION.into(), json!(n.to_string()));
     }
+    if let Some(port) = shape.ssh_port {
+        annotations.insert(SSH_PORT_ANNOTATION.into(), json!(port.to_string()));
+    }
     let jobset = json!({
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
@@ -334,7 +353,6 @@ fn jobset_mode_inputs(
             "annotations": annotations,
         },
         "spec": {
-            "network": {"publishNotReadyAddresses": true},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
             "replicatedJobs": [
                 {"name": "node", "template": {"spec": {
@@ -343,7 +361,6 @@ fn jobset_mode_inputs(
                     "template": {"spec": {"restartPolicy": "OnFailure", "containers": containers(worker)}}
                 }}},
                 {"name": "launcher",
-                 "dependsOn": [{"name": "node", "status": "Ready"}],
                  "template": {"spec": {
                     "template": {"spec": {"restartPolicy": "OnFailure", "containers": containers(launcher)}}
                  }}},
@@ -508,6 +525,9 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
         // JobSet alone, so a user runs it without objects.
         mutate.arg("--objects-dir").arg(&objects);
     }
+    // As the shipped Deployment runs it: JobSet mode adds the launcher pre-flight (TrainJob
+    // mode ignores the flag: its patch is Trainer's).
+    mutate.args(["--preflight-image", PREFLIGHT_IMAGE]);
     let out =
         proc::run_ok(&mut mutate, Duration::from_secs(60)).context("mpi-webhook review mutate")?;
     let resp: Value =
