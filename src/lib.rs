@@ -10,7 +10,6 @@ pub mod api_calls;
 pub mod certs;
 pub mod cli;
 pub mod field_error;
-pub mod metrics;
 pub mod mpi;
 pub mod objects;
 pub mod offline;

@@ -19,8 +19,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use base64::Engine;
 use mpi_webhook::admission::Route;
 use mpi_webhook::api::{RuntimeKind, TrainJob, TrainingRuntime};
-use mpi_webhook::metrics::Metrics;
 use mpi_webhook::objects::{LookupError, ObjectSource};
+use mpi_webhook::serve::metrics::Metrics;
 use mpi_webhook::serve::{
     self, MAX_BODY_BYTES, Readiness, Running, ServeObjects, ServeOptions, TIMEOUT_MESSAGE,
 };

@@ -6,7 +6,6 @@
 
 pub mod cluster;
 pub mod dir;
-pub mod reload;
 
 use std::collections::BTreeMap;
 use std::future::Future;

@@ -6,7 +6,9 @@
 //! at shutdown), [`supervise`] (restarting a background task that dies).
 
 mod accept;
+pub mod metrics;
 pub mod readiness;
+pub mod reload;
 pub mod router;
 pub mod supervise;
 
@@ -22,13 +24,13 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::certs::{self, CertsError};
 use crate::cli::ServeArgs;
-use crate::metrics::Metrics;
 use crate::objects::cluster::ClusterObjects;
-use crate::objects::reload::{DirReloader, LiveSnapshot};
 use crate::objects::{LoadError, ObjectSource, Snapshot};
-use crate::serve::accept::Phase;
-use crate::serve::supervise::supervise;
 use crate::tls::{self, CertReloader, ReloadOutcome, ReloadingCert, TlsError, TlsFiles};
+use accept::Phase;
+use metrics::Metrics;
+use reload::{DirReloader, LiveSnapshot};
+use supervise::supervise;
 
 pub use readiness::Readiness;
 pub use router::{AppState, MAX_BODY_BYTES, TIMEOUT_MESSAGE, router};
@@ -337,7 +339,7 @@ pub async fn start_with<S: ObjectSource + 'static>(
 
     let mut tasks = vec![spawn_cert_reloader(&options, resolver, metrics.clone())];
     let (shutdown_tx, shutdown_rx) = watch::channel(Phase::Serving);
-    let metrics_router = crate::metrics::router(metrics.clone());
+    let metrics_router = metrics::router(metrics.clone());
     let mut metrics_shutdown = shutdown_rx.clone();
     tasks.push(tokio::spawn(async move {
         let server =

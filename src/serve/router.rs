@@ -26,10 +26,10 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use tokio::sync::Semaphore;
 
+use super::metrics::{Metrics, Outcome};
+use super::readiness::Readiness;
 use crate::admission::{self, BadReview, Reviewed, Route};
-use crate::metrics::{Metrics, Outcome};
 use crate::objects::ObjectSource;
-use crate::serve::Readiness;
 
 /// Largest accepted request body: 7 MiB, the limit controller-runtime uses.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;

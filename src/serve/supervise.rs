@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
-use crate::metrics::Metrics;
+use super::metrics::Metrics;
 
 /// Pause before a dead task is restarted, so a task that dies at once does not spin.
 const RESTART_DELAY: Duration = Duration::from_secs(1);

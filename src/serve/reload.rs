@@ -1,5 +1,5 @@
 //! Reloading `--objects-dir` for `serve`: the swappable object snapshot behind it and the poller
-//! that reloads it (run under [`supervise`](crate::serve::supervise::supervise)).
+//! that reloads it (run under [`supervise`](super::supervise::supervise)).
 //!
 //! `--objects-dir` is polled by content (a hash of every file `Snapshot::load_dir` would read),
 //! so edits, new files, deletions and a ConfigMap volume's `..data` symlink swap are all seen. A
@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
-use crate::metrics::Metrics;
+use super::metrics::Metrics;
+use super::readiness::Readiness;
 use crate::objects::dir::object_files;
 use crate::objects::{LoadError, Snapshot, SnapshotReader};
-use crate::serve::Readiness;
 
 /// A [`Snapshot`] that can be replaced while requests read it. Reads are lock-free.
 #[derive(Debug, Default)]
