@@ -24,6 +24,17 @@ pub struct JobSet {
     pub spec: JobSetSpec,
 }
 
+impl JobSet {
+    /// The first replicatedJob named `name`, with its index.
+    pub fn replicated_job(&self, name: &str) -> Option<(usize, &ReplicatedJob)> {
+        self.spec
+            .replicated_jobs
+            .iter()
+            .enumerate()
+            .find(|(_, rjob)| rjob.name == name)
+    }
+}
+
 /// `spec.template` of a runtime: a JobSet template.
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]

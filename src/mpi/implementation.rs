@@ -42,6 +42,9 @@ pub struct Implementation {
     pub built_by_trainer: bool,
 }
 
+/// The port sshd listens on unless told otherwise, and that ssh uses without `-p`.
+pub const DEFAULT_SSH_PORT: u16 = 22;
+
 const CONNECTION_ATTEMPTS: &str = "-o ConnectionAttempts=10";
 /// The network interface of a pod.
 const POD_INTERFACE: &str = "eth0";
@@ -144,7 +147,7 @@ impl Implementation {
             let value = match e.value {
                 EnvValue::Fixed(v) => v.to_string(),
                 EnvValue::Slots => slots.to_string(),
-                EnvValue::SshArgs(v) if ssh_port == super::plan::DEFAULT_SSH_PORT => v.to_string(),
+                EnvValue::SshArgs(v) if ssh_port == DEFAULT_SSH_PORT => v.to_string(),
                 EnvValue::SshArgs(v) => format!("{v} -p {ssh_port}"),
             };
             (e.name, value)

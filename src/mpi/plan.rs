@@ -3,13 +3,21 @@
 //! the hostfile are derived from an [`MpiPlan`], so they agree on every count and name.
 //!
 //! TrainJob mode builds it from a TrainJob on its runtime ([`MpiPlan::new`]); JobSet mode from
-//! the JobSet's own label and annotations ([`super::jobset_mode`]).
+//! the JobSet's own label and annotations ([`MpiPlan::for_jobset`], on [`super::jobset_mode`]'s
+//! settings).
 
 use crate::api::resources::ResourceRequirements;
-use crate::api::{MpiPolicySource, ReplicatedJob, TrainJob, TrainingRuntime};
+use crate::api::{
+    Container, JobSet, MpiPolicySource, ReplicatedJob, RuntimeKind, TrainJob, TrainingRuntime,
+};
+use crate::field_error::{FieldError, go_quote};
 
-use super::implementation::{self, Implementation};
-use super::{ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE, SSH_PRIVATE_KEY_FILE_MODE_TRAINER};
+use super::implementation::{self, DEFAULT_SSH_PORT, Implementation};
+use super::jobset_mode::{Settings, settings};
+use super::{
+    ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE, SSH_PRIVATE_KEY_FILE_MODE_STRICT,
+    SSH_PRIVATE_KEY_FILE_MODE_TRAINER,
+};
 
 /// Why no plan can be made for an MPI runtime.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,10 +34,10 @@ pub enum PlanError {
 impl PlanError {
     /// What is wrong with runtime `name` of `kind`, for denials and Events (Decision 4's form:
     /// the runtime and the value named).
-    pub fn detail(&self, kind: crate::api::RuntimeKind, name: &str) -> String {
+    pub fn detail(&self, kind: RuntimeKind, name: &str) -> String {
         match self {
             PlanError::UnsupportedImplementation(value) => {
-                super::validate::unsupported_implementation_detail(kind, name, value)
+                unsupported_implementation_detail(kind, name, value)
             }
             PlanError::SshAuthMountOnHostfile(path) => format!(
                 "{} {name:?} has spec.mlPolicy.mpi.sshAuthMountPath {path:?}: {}",
@@ -38,6 +46,21 @@ impl PlanError {
             ),
         }
     }
+}
+
+/// Why a runtime's implementation is unusable, naming the runtime and the value (Decision 4).
+pub fn unsupported_implementation_detail(kind: RuntimeKind, runtime: &str, value: &str) -> String {
+    format!(
+        "{} {} has an unsupported spec.mlPolicy.mpi.mpiImplementation {}: supported values: {}",
+        kind.as_str(),
+        go_quote(runtime),
+        go_quote(value),
+        implementation::supported_names()
+            .iter()
+            .map(|n| go_quote(n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    )
 }
 
 /// One replicated job of the runtime, with the counts the TrainJob gives it.
@@ -79,6 +102,22 @@ impl WiredContainer {
             .into_iter()
             .enumerate()
             .position(|(i, name)| self.wires(i, Some(name)))
+    }
+
+    /// JobSet mode's: the container `mpi-webhook.io/container` names, else each template's
+    /// first.
+    pub fn for_jobset(container: Option<&str>) -> Self {
+        match container {
+            Some(name) => WiredContainer::Named(name.to_string()),
+            None => WiredContainer::First,
+        }
+    }
+
+    /// The wired container of a replicatedJob's pod template, with its index.
+    pub fn container_in<'j>(&self, rjob: &'j ReplicatedJob) -> Option<(usize, &'j Container)> {
+        let containers = rjob.containers();
+        let index = self.index_in(containers.iter().map(|c| c.name.as_str()))?;
+        Some((index, &containers[index]))
     }
 }
 
@@ -124,9 +163,6 @@ pub struct JobSetDefaults {
     /// The pre-flight init container's image (`--preflight-image`); empty: no pre-flight.
     pub preflight_image: String,
 }
-
-/// The port sshd listens on unless told otherwise, and that ssh uses without `-p`.
-pub const DEFAULT_SSH_PORT: u16 = 22;
 
 impl MpiPlan {
     /// The plan for `train_job` on `runtime`; `Ok(None)` when the runtime has no MPI policy.
@@ -215,6 +251,64 @@ impl MpiPlan {
     /// Whether the hostfile lists the pods of this pod set.
     pub fn lists_in_hostfile(&self, pod_set: &PodSet) -> bool {
         pod_set.name == NODE || (pod_set.name == LAUNCHER && self.run_launcher_as_node)
+    }
+}
+
+impl MpiPlan {
+    /// The plan of a JobSet-mode JobSet: its settings, its own counts (`replicas` x
+    /// `parallelism`, never changed: no `node_count`), `spec.network.subdomain` else its name,
+    /// and the private key projected with 0o600 (Decision 18).
+    ///
+    /// # Errors
+    /// The field errors of [`settings`].
+    pub fn for_jobset(jobset: &JobSet) -> Result<Self, Vec<FieldError>> {
+        Ok(Self::from_settings(jobset, settings(&jobset.metadata)?))
+    }
+
+    /// The plan of a JobSet-mode JobSet whose settings were already read.
+    pub fn from_settings(jobset: &JobSet, settings: Settings) -> Self {
+        let wired_container = WiredContainer::for_jobset(settings.container.as_deref());
+        let spec = &jobset.spec;
+        let slots = settings
+            .slots_per_node
+            .unwrap_or_else(|| gpu_slots(jobset, &wired_container));
+        MpiPlan {
+            implementation: settings.implementation,
+            slots,
+            ssh_auth_mount_path: settings.ssh_auth_mount_path,
+            ssh_private_key_mode: SSH_PRIVATE_KEY_FILE_MODE_STRICT,
+            run_launcher_as_node: settings.run_launcher_as_node,
+            node_count: None,
+            pod_sets: spec
+                .replicated_jobs
+                .iter()
+                .map(|rjob| PodSet {
+                    name: rjob.name.clone(),
+                    replicas: i64::from(rjob.replicas().max(0)),
+                    count: i64::from(rjob.template.spec.parallelism.unwrap_or(1).max(0)),
+                })
+                .collect(),
+            subdomain: spec.subdomain().unwrap_or(jobset.name()).to_string(),
+            jobset_name: jobset.name().to_string(),
+            wired_container,
+            jobset_defaults: Some(JobSetDefaults {
+                ssh_port: settings.ssh_port,
+                preflight: settings.preflight,
+                preflight_image: String::new(),
+            }),
+        }
+    }
+}
+
+/// Decision 3 on the wired container of `node`: its GPUs when more than 1, else 1.
+fn gpu_slots(jobset: &JobSet, wired: &WiredContainer) -> i64 {
+    let resources = jobset
+        .replicated_job(NODE)
+        .and_then(|(_, rjob)| wired.container_in(rjob))
+        .and_then(|(_, container)| container.resources.as_ref());
+    match resources.map(gpus_per_node) {
+        Some(gpus) if gpus > 1 => gpus,
+        _ => 1,
     }
 }
 

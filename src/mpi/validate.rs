@@ -12,21 +12,6 @@ use super::{ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE};
 
 const RUN_LAUNCHER_AS_NODE_DETAIL: &str = "must have 1 when MPI trainingRuntime with enabled runLauncherAsNode does not have either launcher and node";
 
-/// Why a runtime's implementation is unusable, naming the runtime and the value (Decision 4).
-pub fn unsupported_implementation_detail(kind: RuntimeKind, runtime: &str, value: &str) -> String {
-    format!(
-        "{} {} has an unsupported spec.mlPolicy.mpi.mpiImplementation {}: supported values: {}",
-        kind.as_str(),
-        go_quote(runtime),
-        go_quote(value),
-        implementation::supported_names()
-            .iter()
-            .map(|n| go_quote(n))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
-}
-
 /// The admission warning for a runtime whose MPI implementation stock Kubeflow Trainer's
 /// controller builds no JobSet for (Decision 16), the same text on the runtime routes and the
 /// TrainJob route. `None` for Open MPI, a runtime without MPI, and an unsupported value (which is

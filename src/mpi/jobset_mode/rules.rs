@@ -1,0 +1,248 @@
+//! JobSet mode's admission rules: what a JobSet-mode JobSet must look like on CREATE, the
+//! warnings it gets, and the settings fixed on UPDATE. Built on the settings and the plan.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde_json::{Value, json};
+
+use crate::api::jobset::{JobSet, ReplicatedJob};
+use crate::field_error::{BadValue, FieldError};
+use crate::mpi::hostfile::check_hostfile_size;
+use crate::mpi::plan::{MpiPlan, WiredContainer};
+use crate::mpi::validate::reserved_env_names_error;
+use crate::mpi::{LAUNCHER, NODE};
+use crate::raw_json::RawJson;
+
+use super::settings::*;
+
+/// What admission makes of a JobSet-mode JobSet.
+#[derive(Debug, Default)]
+pub struct Checked {
+    /// The plan, when the settings parse (the mutation uses it only when there are no errors).
+    pub plan: Option<MpiPlan>,
+    /// Every rule broken, in the order of the contract's list.
+    pub errors: Vec<FieldError>,
+    /// Admitted but risky.
+    pub warnings: Vec<String>,
+}
+
+/// The admission rules of JobSet mode on CREATE and UPDATE (the label and annotations on UPDATE
+/// are [`immutable_errors`]'s). `raw` is the JobSet as the client sent it, for the env list the
+/// reserved-env error quotes.
+pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
+    let mut checked = Checked::default();
+    let errors = &mut checked.errors;
+    let settings = settings(&jobset.metadata)
+        .map_err(|e| errors.extend(e))
+        .ok();
+    if jobset.name().is_empty() {
+        errors.push(FieldError::required(
+            "metadata.name",
+            "JobSet mode names the Secret, the ConfigMap and the host names after the JobSet: set a name (generateName alone is not enough)",
+        ));
+    }
+    errors.extend(network_error(jobset));
+    let (launcher, node) = (jobset.replicated_job(LAUNCHER), jobset.replicated_job(NODE));
+    errors.extend(shape_errors(jobset, launcher, node));
+    errors.extend(container_errors(jobset, [launcher, node]));
+    if let Some(settings) = settings {
+        let plan = MpiPlan::from_settings(jobset, settings);
+        if let Some((i, rjob)) = launcher {
+            errors.extend(reserved_env_error(i, rjob, raw, &plan));
+        }
+        errors.extend(hostfile_error(&plan, node.or(launcher)));
+        checked.plan = Some(plan);
+    }
+    if let (Some((i, rjob)), Some((n, _))) = (launcher, node)
+        && !waits_for_ready_nodes(rjob)
+    {
+        let unset = rjob.depends_on.is_none();
+        // Unset with `node` listed first, the mutation adds the dependsOn: nothing to warn of.
+        if !unset || n > i {
+            checked.warnings.push(dependency_warning(i, unset));
+        }
+    }
+    checked
+}
+
+/// The warning for a launcher at index `i` that does not wait for Ready workers; `unset`: it
+/// has no `dependsOn`, and `node` is listed after it, so none could be added.
+fn dependency_warning(i: usize, unset: bool) -> String {
+    let warning = format!(
+        "spec.replicatedJobs[{i}].dependsOn: the launcher does not wait for the workers: without dependsOn [{{name: node, status: Ready}}] it may start before their sshd listens"
+    );
+    if unset {
+        format!(
+            "{warning}; none was added because node is listed after launcher, and JobSet lets a replicatedJob depend only on those listed before it: list node first"
+        )
+    } else {
+        warning
+    }
+}
+
+/// A replicatedJob found by name, with its index.
+type Found<'j> = Option<(usize, &'j ReplicatedJob)>;
+
+/// Hosts are listed by their pod host names, which JobSet publishes only with DNS host names.
+fn network_error(jobset: &JobSet) -> Option<FieldError> {
+    let network = jobset.spec.network.as_ref()?;
+    (network.enable_dns_hostnames == Some(false)).then(|| {
+        FieldError::invalid(
+            "spec.network.enableDNSHostnames",
+            BadValue::Json(false.into()),
+            "must not be false in JobSet mode: MPI reaches every host by its pod host name",
+        )
+    })
+}
+
+/// A one-pod `launcher`, and a `node` unless the launcher runs as the only node.
+fn shape_errors(jobset: &JobSet, launcher: Found<'_>, node: Found<'_>) -> Vec<FieldError> {
+    let mut errors = match launcher {
+        Some((i, rjob)) => launcher_pod_errors(i, rjob),
+        None => vec![FieldError::required(
+            "spec.replicatedJobs",
+            format!("JobSet mode needs a replicatedJob named {LAUNCHER:?}"),
+        )],
+    };
+    let run_launcher_as_node =
+        annotation(&jobset.metadata, RUN_LAUNCHER_AS_NODE_ANNOTATION) == Some("true");
+    if node.is_none() && !run_launcher_as_node {
+        errors.push(FieldError::required(
+            "spec.replicatedJobs",
+            format!(
+                "JobSet mode needs a replicatedJob named {NODE:?} unless {RUN_LAUNCHER_AS_NODE_ANNOTATION} is \"true\""
+            ),
+        ));
+    }
+    errors
+}
+
+/// The wired container exists in the launcher's and the workers' pod templates.
+fn container_errors(jobset: &JobSet, rjobs: [Found<'_>; 2]) -> Vec<FieldError> {
+    let wired = WiredContainer::for_jobset(container(&jobset.metadata));
+    rjobs
+        .into_iter()
+        .flatten()
+        .filter(|(_, rjob)| wired.container_in(rjob).is_none())
+        .map(|(i, _)| {
+            let field = replicated_job_field(i, CONTAINERS);
+            match &wired {
+                WiredContainer::Named(name) => FieldError::invalid(
+                    field,
+                    BadValue::Str(name.clone()),
+                    format!(
+                        "must contain the container named by annotation {CONTAINER_ANNOTATION}"
+                    ),
+                ),
+                _ => FieldError::required(
+                    field,
+                    "JobSet mode wires the first container of the launcher and node pod templates",
+                ),
+            }
+        })
+        .collect()
+}
+
+/// Decision 8: the hostfile fits a ConfigMap; reported on the pod count of `rjob` (the workers,
+/// or the launcher when there are none).
+fn hostfile_error(plan: &MpiPlan, rjob: Found<'_>) -> Option<FieldError> {
+    let too_large = check_hostfile_size(plan).err()?;
+    let (i, rjob) = rjob?;
+    Some(FieldError::invalid(
+        replicated_job_field(i, ".template.spec.parallelism"),
+        BadValue::Int(i64::from(rjob.template.spec.parallelism.unwrap_or(1))),
+        too_large.to_string(),
+    ))
+}
+
+/// The launcher runs exactly one pod: one replica, parallelism and completions 1 (or unset).
+fn launcher_pod_errors(i: usize, rjob: &ReplicatedJob) -> Vec<FieldError> {
+    const ONE_POD: &str = "the launcher must run exactly 1 pod";
+    let job = &rjob.template.spec;
+    [
+        (".replicas", rjob.replicas),
+        (".template.spec.parallelism", job.parallelism),
+        (".template.spec.completions", job.completions),
+    ]
+    .into_iter()
+    .filter_map(|(field, value)| {
+        let value = value.filter(|n| *n != 1)?;
+        Some(FieldError::invalid(
+            replicated_job_field(i, field),
+            BadValue::Int(i64::from(value)),
+            ONE_POD,
+        ))
+    })
+    .collect()
+}
+
+/// Section B's reserved-env rule on the launcher's wired container (Decision 6). An entry equal
+/// to the one the mutation writes is no conflict: the validator sees the JobSet after the
+/// mutation, and the mutation may run again (reinvocation).
+fn reserved_env_error(
+    i: usize,
+    launcher: &ReplicatedJob,
+    raw: &RawJson<'_>,
+    plan: &MpiPlan,
+) -> Option<FieldError> {
+    let (c, _) = plan.wired_container.container_in(launcher)?;
+    let env = raw.at(&format!(
+        "/spec/replicatedJobs/{i}/template/spec/template/spec/containers/{c}/env"
+    ));
+    let injected: Vec<Value> = plan
+        .launcher_env()
+        .map(|(name, value)| json!({"name": name, "value": value}))
+        .collect();
+    let names = env
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| !injected.contains(e))
+        .filter_map(|e| e.get("name")?.as_str());
+    reserved_env_names_error(
+        replicated_job_field(i, &format!("{CONTAINERS}[{c}].env")),
+        || env.clone(),
+        names,
+        plan.implementation,
+    )
+}
+
+fn waits_for_ready_nodes(launcher: &ReplicatedJob) -> bool {
+    launcher
+        .depends_on
+        .iter()
+        .flatten()
+        .any(|d| d.name == NODE && d.status == "Ready")
+}
+
+/// The label on a JobSet a TrainJob controls: denied, its policy comes from the runtime.
+pub fn label_on_train_job_error(metadata: &ObjectMeta) -> Option<FieldError> {
+    let value = label(metadata)?;
+    Some(FieldError::invalid(
+        label_field(IMPLEMENTATION_LABEL),
+        BadValue::Str(value.to_string()),
+        "must not be set on a JobSet owned by a TrainJob: its MPI policy comes from the TrainJob's runtime",
+    ))
+}
+
+/// On UPDATE: any change of the label or of a setting annotation, added, changed or removed
+/// (the wiring is fixed at creation). An absent value reads as `""`, as Go reads a map.
+pub fn immutable_errors(old: &ObjectMeta, new: &ObjectMeta) -> Vec<FieldError> {
+    let changed = |field: String, old: Option<&str>, new: Option<&str>| {
+        (old != new).then(|| {
+            FieldError::invalid(
+                field,
+                BadValue::Str(new.unwrap_or_default().to_string()),
+                "field is immutable",
+            )
+        })
+    };
+    let label_error = changed(label_field(IMPLEMENTATION_LABEL), label(old), label(new));
+    let annotation_errors = SETTING_ANNOTATIONS.iter().filter_map(|key| {
+        changed(
+            annotation_field(key),
+            annotation(old, key),
+            annotation(new, key),
+        )
+    });
+    label_error.into_iter().chain(annotation_errors).collect()
+}

@@ -1,0 +1,303 @@
+//! JobSet mode's settings: the opt-in label and the annotations, read and checked, with their
+//! defaults, and which mode a JobSet is in. The lowest layer of the mode: it knows the
+//! implementation table and nothing of plans, patches or rules.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use crate::api::TRAINER_GROUP;
+use crate::api::runtime::DEFAULT_SSH_AUTH_MOUNT_PATH;
+use crate::field_error::{BadValue, FieldError};
+use crate::mpi::implementation::{self, DEFAULT_SSH_PORT, Implementation};
+use crate::mpi::{SSH_MOUNT_ON_HOSTFILE_DETAIL, mounts_over_hostfile};
+
+/// The opt-in label; its value names the implementation (`OpenMPI`, `Intel`, `MPICH`).
+pub const IMPLEMENTATION_LABEL: &str = "mpi-webhook.io/implementation";
+/// Annotation: processes per node, an integer >= 1.
+pub const SLOTS_PER_NODE_ANNOTATION: &str = "mpi-webhook.io/slots-per-node";
+/// Annotation: where the SSH Secret is mounted, an absolute path.
+pub const SSH_AUTH_MOUNT_PATH_ANNOTATION: &str = "mpi-webhook.io/ssh-auth-mount-path";
+/// Annotation: `true` lists the launcher in the hostfile too.
+pub const RUN_LAUNCHER_AS_NODE_ANNOTATION: &str = "mpi-webhook.io/run-launcher-as-node";
+/// Annotation: the name of the container to wire in both pod templates.
+pub const CONTAINER_ANNOTATION: &str = "mpi-webhook.io/container";
+/// Annotation: `true` or `false`, whether the reconciler creates the job's NetworkPolicy
+///; absent means the reconciler's `--network-policy-default`.
+pub const NETWORK_POLICY_ANNOTATION: &str = "mpi-webhook.io/network-policy";
+/// Annotation: the workers' sshd port, an integer 1-65535.
+pub const SSH_PORT_ANNOTATION: &str = "mpi-webhook.io/ssh-port";
+/// Annotation: `false` opts out of the launcher pre-flight init container.
+pub const PREFLIGHT_ANNOTATION: &str = "mpi-webhook.io/preflight";
+/// Every annotation JobSet mode reads; like the label, fixed once the JobSet exists.
+pub const SETTING_ANNOTATIONS: [&str; 7] = [
+    SLOTS_PER_NODE_ANNOTATION,
+    SSH_AUTH_MOUNT_PATH_ANNOTATION,
+    RUN_LAUNCHER_AS_NODE_ANNOTATION,
+    CONTAINER_ANNOTATION,
+    NETWORK_POLICY_ANNOTATION,
+    SSH_PORT_ANNOTATION,
+    PREFLIGHT_ANNOTATION,
+];
+
+/// Where a JobSet's MPI policy comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Mode<'m> {
+    /// Its controller is a TrainJob (this reference): the TrainJob's runtime gives the policy.
+    TrainJob(&'m OwnerReference),
+    /// It carries [`IMPLEMENTATION_LABEL`] and no TrainJob controls it.
+    JobSet,
+    /// Neither: mpi-webhook leaves it alone.
+    Plain,
+}
+
+/// The mode of a JobSet with `metadata`. TrainJob mode wins over the label.
+pub fn mode(metadata: &ObjectMeta) -> Mode<'_> {
+    let train_job = metadata.owner_references.iter().flatten().find(|r| {
+        r.controller == Some(true)
+            && r.kind == "TrainJob"
+            && r.api_version.split('/').next() == Some(TRAINER_GROUP)
+    });
+    match (train_job, label(metadata)) {
+        (Some(owner), _) => Mode::TrainJob(owner),
+        (None, Some(_)) => Mode::JobSet,
+        (None, None) => Mode::Plain,
+    }
+}
+
+pub(super) fn label(metadata: &ObjectMeta) -> Option<&str> {
+    metadata
+        .labels
+        .as_ref()?
+        .get(IMPLEMENTATION_LABEL)
+        .map(String::as_str)
+}
+
+pub(super) fn annotation<'m>(metadata: &'m ObjectMeta, key: &str) -> Option<&'m str> {
+    metadata.annotations.as_ref()?.get(key).map(String::as_str)
+}
+
+pub(super) fn label_field(key: &str) -> String {
+    format!("metadata.labels[{key}]")
+}
+
+pub(super) fn annotation_field(key: &str) -> String {
+    format!("metadata.annotations[{key}]")
+}
+
+pub(super) fn replicated_job_field(index: usize, rest: &str) -> String {
+    format!("spec.replicatedJobs[{index}]{rest}")
+}
+
+pub(super) const CONTAINERS: &str = ".template.spec.template.spec.containers";
+
+/// The MPI settings of a JobSet-mode JobSet, read from its label and annotations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// From the label.
+    pub implementation: &'static Implementation,
+    /// The annotation's slots, or `None` to count the `node` container's GPUs (Decision 3).
+    pub slots_per_node: Option<i64>,
+    /// The annotation's mount path, or `/root/.ssh`.
+    pub ssh_auth_mount_path: String,
+    /// The annotation's `true`/`false`, or `false`.
+    pub run_launcher_as_node: bool,
+    /// The annotation's container, or `None`: each template's first.
+    pub container: Option<String>,
+    /// The network-policy annotation's `true`/`false`, or `None`: the reconciler's default.
+    pub network_policy: Option<bool>,
+    /// The annotation's sshd port, or 22.
+    pub ssh_port: u16,
+    /// The annotation's `true`/`false`, or `true`: whether the launcher gets the pre-flight
+    /// (when an image for it is configured).
+    pub preflight: bool,
+}
+
+/// The container the annotation names, if any (else each template's first is wired).
+pub fn container(metadata: &ObjectMeta) -> Option<&str> {
+    annotation(metadata, CONTAINER_ANNOTATION)
+}
+
+/// Reads the settings from `metadata`, with their defaults.
+///
+/// # Errors
+/// One field error per label or annotation value that does not parse.
+pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
+    let mut errors = Vec::new();
+    let name = label(metadata).unwrap_or_default();
+    let implementation = implementation::lookup(name);
+    if implementation.is_none() {
+        errors.push(FieldError::unsupported(
+            label_field(IMPLEMENTATION_LABEL),
+            BadValue::Str(name.to_string()),
+            &implementation::supported_names(),
+        ));
+    }
+    let slots_per_node = annotation(metadata, SLOTS_PER_NODE_ANNOTATION).and_then(|text| {
+        let slots = text.parse::<i64>().ok().filter(|n| *n >= 1);
+        if slots.is_none() {
+            errors.push(FieldError::invalid(
+                annotation_field(SLOTS_PER_NODE_ANNOTATION),
+                BadValue::Str(text.to_string()),
+                "must be an integer >= 1",
+            ));
+        }
+        slots
+    });
+    let ssh_auth_mount_path = match annotation(metadata, SSH_AUTH_MOUNT_PATH_ANNOTATION) {
+        None => DEFAULT_SSH_AUTH_MOUNT_PATH,
+        Some(path) if !path.starts_with('/') => {
+            errors.push(FieldError::invalid(
+                annotation_field(SSH_AUTH_MOUNT_PATH_ANNOTATION),
+                BadValue::Str(path.to_string()),
+                "must be an absolute path",
+            ));
+            path
+        }
+        Some(path) if mounts_over_hostfile(path) => {
+            errors.push(FieldError::invalid(
+                annotation_field(SSH_AUTH_MOUNT_PATH_ANNOTATION),
+                BadValue::Str(path.to_string()),
+                SSH_MOUNT_ON_HOSTFILE_DETAIL,
+            ));
+            path
+        }
+        Some(path) => path,
+    };
+    let run_launcher_as_node = match annotation(metadata, RUN_LAUNCHER_AS_NODE_ANNOTATION) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            errors.push(FieldError::unsupported(
+                annotation_field(RUN_LAUNCHER_AS_NODE_ANNOTATION),
+                BadValue::Str(other.to_string()),
+                &["true", "false"],
+            ));
+            false
+        }
+    };
+    let network_policy = network_policy(metadata)
+        .map_err(|e| errors.push(*e))
+        .ok()
+        .flatten();
+    let ssh_port = match annotation(metadata, SSH_PORT_ANNOTATION) {
+        None => DEFAULT_SSH_PORT,
+        Some(text) => text
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p >= 1)
+            .unwrap_or_else(|| {
+                errors.push(FieldError::invalid(
+                    annotation_field(SSH_PORT_ANNOTATION),
+                    BadValue::Str(text.to_string()),
+                    "must be an integer between 1 and 65535, inclusive",
+                ));
+                DEFAULT_SSH_PORT
+            }),
+    };
+    let preflight = match annotation(metadata, PREFLIGHT_ANNOTATION) {
+        None | Some("true") => true,
+        Some("false") => false,
+        Some(other) => {
+            errors.push(FieldError::unsupported(
+                annotation_field(PREFLIGHT_ANNOTATION),
+                BadValue::Str(other.to_string()),
+                &["true", "false"],
+            ));
+            true
+        }
+    };
+    match implementation {
+        Some(implementation) if errors.is_empty() => Ok(Settings {
+            implementation,
+            slots_per_node,
+            ssh_auth_mount_path: ssh_auth_mount_path.to_string(),
+            run_launcher_as_node,
+            container: container(metadata).map(str::to_string),
+            network_policy,
+            ssh_port,
+            preflight,
+        }),
+        _ => Err(errors),
+    }
+}
+
+/// The network-policy annotation: `Some(true)`, `Some(false)`, or `None` when absent.
+///
+/// # Errors
+/// An Unsupported-value field error for any other text.
+pub fn network_policy(metadata: &ObjectMeta) -> Result<Option<bool>, Box<FieldError>> {
+    match annotation(metadata, NETWORK_POLICY_ANNOTATION) {
+        None => Ok(None),
+        Some("true") => Ok(Some(true)),
+        Some("false") => Ok(Some(false)),
+        Some(other) => Err(Box::new(FieldError::unsupported(
+            annotation_field(NETWORK_POLICY_ANNOTATION),
+            BadValue::Str(other.to_string()),
+            &["true", "false"],
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{Value, json};
+
+    fn metadata(value: Value) -> ObjectMeta {
+        serde_json::from_value(value).expect("metadata")
+    }
+
+    #[test]
+    fn a_trainjob_controller_wins_over_the_label() {
+        let owned = metadata(json!({
+            "labels": {IMPLEMENTATION_LABEL: "MPICH"},
+            "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                                 "name": "pi", "uid": "u", "controller": true}]
+        }));
+        assert!(matches!(mode(&owned), Mode::TrainJob(owner) if owner.name == "pi"));
+        let labelled = metadata(json!({"labels": {IMPLEMENTATION_LABEL: "MPICH"}}));
+        assert_eq!(mode(&labelled), Mode::JobSet);
+        assert_eq!(
+            mode(&metadata(json!({"labels": {"app": "x"}}))),
+            Mode::Plain
+        );
+    }
+
+    #[test]
+    fn settings_default_as_the_contract_says() {
+        let settings = settings(&metadata(
+            json!({"labels": {IMPLEMENTATION_LABEL: "Intel"}}),
+        ))
+        .expect("parses");
+        assert_eq!(
+            settings,
+            Settings {
+                implementation: implementation::lookup("Intel").expect("Intel"),
+                slots_per_node: None,
+                ssh_auth_mount_path: "/root/.ssh".into(),
+                run_launcher_as_node: false,
+                container: None,
+                network_policy: None,
+                ssh_port: 22,
+                preflight: true,
+            }
+        );
+    }
+
+    #[test]
+    fn every_bad_setting_is_reported_at_once() {
+        let errors = settings(&metadata(json!({
+            "labels": {IMPLEMENTATION_LABEL: ""},
+            "annotations": {SLOTS_PER_NODE_ANNOTATION: "-1", RUN_LAUNCHER_AS_NODE_ANNOTATION: "True"}
+        })))
+        .expect_err("three errors");
+        let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            [
+                "metadata.labels[mpi-webhook.io/implementation]",
+                "metadata.annotations[mpi-webhook.io/slots-per-node]",
+                "metadata.annotations[mpi-webhook.io/run-launcher-as-node]"
+            ]
+        );
+    }
+}
