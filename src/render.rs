@@ -25,7 +25,7 @@ pub enum RenderError {
     Keys(#[from] KeyError),
     /// An object could not be written as YAML.
     #[error("failed to write YAML: {0}")]
-    Yaml(String),
+    Yaml(#[source] serde_saphyr::SerializeError),
 }
 
 /// The output of `render`.
@@ -40,7 +40,7 @@ pub struct Rendered {
 }
 
 fn push_document(out: &mut String, object: &impl Serialize) -> Result<(), RenderError> {
-    let yaml = serde_saphyr::to_string(object).map_err(|e| RenderError::Yaml(e.to_string()))?;
+    let yaml = serde_saphyr::to_string(object).map_err(RenderError::Yaml)?;
     out.push_str("---\n");
     out.push_str(&yaml);
     if !yaml.ends_with('\n') {

@@ -7,16 +7,16 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
-use crate::field_error::aggregate;
+use crate::field_error::{FieldError, aggregate};
 
 use super::hostfile::{HostfileTooLarge, hostfile_configmap};
 use super::jobset_mode::{self, Mode};
 use super::network_policy::network_policy;
-use super::plan::MpiPlan;
+use super::plan::{MpiPlan, PlanError};
 
 /// Why no objects can be built for a TrainJob. The display texts are what `render` reports and
 /// what the reconciler's failure Events say.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum Problem {
     /// `spec.runtimeRef` names neither runtime kind (`unsupported runtime: <Kind>.<group>`).
     #[error(transparent)]
@@ -31,11 +31,20 @@ pub enum Problem {
     },
     /// The runtime's MPI policy cannot be used: an implementation that is not supported
     /// (Decisions 4 and 7), or the SSH Secret mounted where the hostfile is.
-    #[error("{0}")]
-    UnusableRuntime(String),
-    /// A JobSet-mode JobSet's label or annotations do not parse (the field errors, aggregated).
-    #[error("{0}")]
-    JobSetSettings(String),
+    #[error("{}", error.detail(*kind, name))]
+    UnusableRuntime {
+        /// The runtime's kind.
+        kind: RuntimeKind,
+        /// The runtime's name.
+        name: String,
+        /// What is wrong with its MPI policy.
+        #[source]
+        error: PlanError,
+    },
+    /// A JobSet-mode JobSet's label or annotations do not parse: every field error, shown
+    /// aggregated as the API server shows several.
+    #[error("{}", aggregate(.0).unwrap_or_default())]
+    JobSetSettings(Vec<FieldError>),
     /// The hostfile would not fit a ConfigMap (Decision 8).
     #[error(transparent)]
     HostfileTooLarge(#[from] HostfileTooLarge),
@@ -72,8 +81,12 @@ pub fn hostfile_for(
     let plan = match MpiPlan::new(train_job, runtime) {
         Ok(Some(plan)) => plan,
         Ok(None) => return Ok(None),
-        Err(problem) => {
-            return Err(Problem::UnusableRuntime(problem.detail(kind, runtime_name)));
+        Err(error) => {
+            return Err(Problem::UnusableRuntime {
+                kind,
+                name: runtime_name.clone(),
+                error,
+            });
         }
     };
     Ok(Some(hostfile_configmap(train_job, &plan)?))
@@ -88,8 +101,7 @@ pub fn jobset_hostfile(jobset: &JobSet) -> Result<Option<ConfigMap>, Problem> {
     if jobset_mode::mode(&jobset.metadata) != Mode::JobSet {
         return Ok(None);
     }
-    let plan = MpiPlan::for_jobset(jobset)
-        .map_err(|errors| Problem::JobSetSettings(aggregate(&errors).unwrap_or_default()))?;
+    let plan = MpiPlan::for_jobset(jobset).map_err(Problem::JobSetSettings)?;
     Ok(Some(hostfile_configmap(jobset, &plan)?))
 }
 
@@ -113,7 +125,7 @@ pub fn jobset_network_policy(
         return Ok(None);
     }
     let wanted = jobset_mode::network_policy(&jobset.metadata)
-        .map_err(|error| Problem::JobSetSettings(error.to_string()))?
+        .map_err(|error| Problem::JobSetSettings(vec![*error]))?
         .unwrap_or(default);
     Ok(wanted.then(|| network_policy(jobset)))
 }
