@@ -76,7 +76,15 @@ async fn one_read_with(
     options: &Options,
 ) -> Result<Value, BadReview> {
     let bytes = serde_json::to_vec(body).expect("serializes");
-    let response = review_with(route, &bytes, objects, options).await?.json();
+    let key = super::golden::review_key(route, options, &bytes);
+    let response = match review_with(route, &bytes, objects, options).await {
+        Ok(reviewed) => reviewed.json(),
+        Err(bad) => {
+            super::golden::check("reviews", &key, &json!({"badReview": bad.to_string()}));
+            return Err(bad);
+        }
+    };
+    super::golden::check("reviews", &key, &super::golden::readable(&response));
     assert_patch_applies(body, &response);
     if route == Route::MutateJobSet {
         assert_the_reference_agrees_with(body, &response, objects, options).await;

@@ -4,6 +4,7 @@
 mod admission;
 mod coexistence;
 mod enforce;
+mod golden;
 mod jobset_mode;
 mod oracle;
 #[path = "../support/pss.rs"]

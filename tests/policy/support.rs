@@ -88,7 +88,19 @@ pub fn jobset(runtime: &Value, train_job: &Value) -> Value {
 /// same patch, byte for byte, or the same error. Returns the reference's operations.
 pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, MutationError> {
     let reference = super::oracle::enforce_mpi_policy(plan, jobset);
-    match (&reference, written_patch(plan, jobset)) {
+    let written = written_patch(plan, jobset);
+    let answer = match &written {
+        Ok(patch) => {
+            json!({"ok": serde_json::from_slice::<Value>(&patch.json).expect("the patch is JSON")})
+        }
+        Err(e) => json!({"err": e.to_string()}),
+    };
+    super::golden::check(
+        "enforce",
+        &super::golden::enforce_key(plan, jobset),
+        &answer,
+    );
+    match (&reference, written) {
         (Ok(ops), Ok(written)) => {
             let expected = serde_json::to_string(ops).expect("serializes");
             assert_eq!(
