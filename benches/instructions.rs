@@ -65,9 +65,14 @@ fn answer(case: &Case, extra: u64) {
     let snapshot = reviews::snapshot_with(&train_job);
     let body = sample(case.sample);
     let first = block_on(review(case.route, &body, &snapshot)).expect("a review");
-    assert!(first.summary.allowed, "{}: {:?}", case.name, first.summary);
+    assert!(
+        first.summary.outcome.allowed(),
+        "{}: {:?}",
+        case.name,
+        first.summary
+    );
     assert_eq!(
-        first.summary.patch_operations > 0,
+        first.summary.outcome.patch_operations() > 0,
         case.patched,
         "{}",
         case.name

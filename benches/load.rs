@@ -310,8 +310,8 @@ async fn write_baseline_responses(
 ) -> Result<(), AnyError> {
     let snapshot = Snapshot::load_dir(objects)?;
     for w in workloads {
-        let reviewed = review(w.route, &w.body, &snapshot).await.map_err(|e| e.0)?;
-        if reviewed.summary.internal_error.is_some() || !reviewed.summary.allowed {
+        let reviewed = review(w.route, &w.body, &snapshot).await?;
+        if !reviewed.summary.outcome.allowed() {
             return Err(format!(
                 "the {} sample is not allowed: {:?}",
                 w.name, reviewed.summary

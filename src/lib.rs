@@ -10,6 +10,7 @@ pub mod api_calls;
 pub mod certs;
 pub mod cli;
 pub mod field_error;
+pub mod json_error;
 pub mod mpi;
 pub mod objects;
 pub mod offline;

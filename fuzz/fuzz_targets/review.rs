@@ -13,7 +13,7 @@ fuzz_target!(|body: &[u8]| {
             Ok(reviewed) => {
                 check_response(&reviewed);
             }
-            Err(bad) => assert!(!bad.0.is_empty(), "a 400 says what is wrong"),
+            Err(bad) => assert!(!bad.to_string().is_empty(), "a 400 says what is wrong"),
         }
     }
 });

@@ -3,23 +3,22 @@
 //! Forbidden, patches as JSONPatch). Shared by `serve` and the offline `review` command, which
 //! turns its YAML or JSON into the same bytes.
 //!
-//! One read ([`read`]): the review straight into borrowed, typed fields, the object as raw
-//! JSON, which the route reads into its own types. Pure apart from the lookups in the given
-//! [`ObjectSource`].
+//! One read ([`read`]): the body parsed once, the request into kube-core's `AdmissionRequest`,
+//! the object kept as JSON, from which the route reads its typed views. One answer
+//! ([`answer`]): the route's verdict, then kube-core's `AdmissionResponse` and one
+//! [`Outcome`] for the response, the log and the metrics. Pure apart from the lookups in the
+//! given [`ObjectSource`].
 
 mod mutate;
 mod read;
 mod validate;
 
-use kube::core::Status;
-use kube::core::admission::Operation;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, Operation, SerializePatchError};
+use kube::core::{DynamicObject, Status};
 use serde_json::Value;
-use serde_json::value::RawValue;
 
-use crate::mpi::enforce::{Element, JobSetView, PatchJson};
+use crate::json_error::Unreadable;
 use crate::objects::{LookupError, ObjectSource};
-
-use read::Request;
 
 /// The HTTPS admission routes of `serve` (the product contract: these paths are fixed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -110,14 +109,89 @@ impl Route {
     }
 }
 
-/// The body is not an AdmissionReview (answered with HTTP 400).
+/// The body is not an AdmissionReview (answered with HTTP 400), or, for the `review`
+/// subcommand, one no route serves.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct BadReview(pub String);
+pub enum BadReview {
+    /// The body does not parse as JSON.
+    #[error("request body is not JSON: {0}")]
+    NotJson(String),
+    /// The body is JSON, but not an object.
+    #[error("request body is not a JSON object")]
+    NotAnObject,
+    /// A member of the review is of the wrong shape.
+    #[error("not an AdmissionReview: {0}")]
+    Unreadable(Unreadable),
+    /// Another kind of object.
+    #[error(
+        "expected apiVersion \"{REVIEW_API_VERSION}\" and kind \"{REVIEW_KIND}\", got {api_version:?} and {kind:?}"
+    )]
+    WrongKind {
+        /// The body's `apiVersion`.
+        api_version: String,
+        /// The body's `kind`.
+        kind: String,
+    },
+    /// No `request` (or `null`).
+    #[error("AdmissionReview has no request")]
+    NoRequest,
+    /// `review`: no `request.kind` to route by.
+    #[error("request.kind is missing")]
+    NoKind,
+    /// `review`: no route serves the kind for the verb.
+    #[error("no {verb} route serves kind {kind:?} of group {group:?}")]
+    NoRoute {
+        /// `validate` or `mutate`.
+        verb: &'static str,
+        /// `request.kind.kind`.
+        kind: String,
+        /// `request.kind.group`.
+        group: String,
+    },
+}
+
+/// What became of one review: computed once, from the verdict, and used by the response, the
+/// log line and the metrics alike.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Allowed without a patch.
+    Allowed,
+    /// Allowed with a JSON patch of this many operations.
+    Patched {
+        /// The number of operations.
+        operations: usize,
+    },
+    /// Denied with this message, as sent.
+    Denied {
+        /// The message.
+        message: String,
+    },
+    /// The policy could not be evaluated: denied with [`INTERNAL_ERROR_MESSAGE`]; the error is
+    /// logged, never sent to the client.
+    InternalError {
+        /// What went wrong.
+        error: String,
+    },
+}
+
+impl Outcome {
+    /// Whether the request was allowed.
+    pub fn allowed(&self) -> bool {
+        matches!(self, Outcome::Allowed | Outcome::Patched { .. })
+    }
+
+    /// The number of patch operations returned (0 without a patch).
+    pub fn patch_operations(&self) -> usize {
+        match self {
+            Outcome::Patched { operations } => *operations,
+            _ => 0,
+        }
+    }
+}
 
 /// What happened to one review, for logs and metrics. Holds no object content beyond what the
 /// denial message quotes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Summary {
     /// Request uid.
     pub uid: String,
@@ -129,14 +203,8 @@ pub struct Summary {
     pub name: String,
     /// CREATE, UPDATE, ...
     pub operation: &'static str,
-    /// The verdict.
-    pub allowed: bool,
-    /// Number of JSON patch operations returned.
-    pub patch_operations: usize,
-    /// The message of a denial, as sent.
-    pub denial: Option<String>,
-    /// An internal failure behind a generic denial; logged, never sent to the client.
-    pub internal_error: Option<String>,
+    /// The outcome.
+    pub outcome: Outcome,
 }
 
 /// A review answered.
@@ -162,7 +230,7 @@ pub(crate) enum Verdict {
     /// Allowed, with warnings for the client and a JSON patch (mutation only).
     Allow {
         warnings: Vec<String>,
-        patch: Option<PatchJson>,
+        patch: Option<json_patch::Patch>,
     },
     /// Denied with this message; warnings are sent with it.
     Deny {
@@ -209,9 +277,9 @@ pub(crate) enum InternalError {
     /// JobSet-mode settings that parse gave no plan (they always give one).
     #[error("JobSet mode: no plan and no error")]
     NoPlan,
-    /// A review read once could not be read again (it always can).
-    #[error("the review could not be read again: {0}")]
-    Reread(String),
+    /// A patch that could not be serialized (it always can).
+    #[error(transparent)]
+    Patch(#[from] SerializePatchError),
 }
 
 /// `apiVersion` of the reviews read and written.
@@ -228,6 +296,8 @@ pub struct Options {
     pub preflight_image: String,
 }
 
+pub use read::{Request, request as read, request_then as read_then};
+
 /// Answers one AdmissionReview (JSON bytes) on `route`, with the default [`Options`].
 ///
 /// # Errors
@@ -240,7 +310,8 @@ pub async fn review<S: ObjectSource>(
     review_with(route, body, objects, &Options::default()).await
 }
 
-/// Answers one AdmissionReview (JSON bytes) on `route` with `options`.
+/// Answers one AdmissionReview (JSON bytes) on `route` with `options`: [`read`], then
+/// [`answer`].
 ///
 /// # Errors
 /// [`BadReview`] when the body is not an `admission.k8s.io/v1` AdmissionReview with a request.
@@ -250,179 +321,32 @@ pub async fn review_with<S: ObjectSource>(
     objects: &S,
     options: &Options,
 ) -> Result<Reviewed, BadReview> {
-    // The mutation reads the JobSet's view in the same pass as the review; the validations read
-    // their objects whole, from the raw JSON.
-    if route == Route::MutateJobSet {
-        let req = read::request::<Element<JobSetView<'_>>>(body)?;
-        let verdict = match (precheck(route, &req), &req.object) {
-            (Some(verdict), _) => verdict,
-            (None, Some(jobset)) if req.operation == Operation::Create => {
-                mutate::jobset(&req, jobset, body, objects, options).await
-            }
-            (None, _) => Verdict::allow(),
-        };
-        return Ok(answer(&req, verdict));
-    }
-    let req = read::request::<&RawValue>(body)?;
-    let verdict = match (precheck(route, &req), req.object) {
+    let req = read(body)?;
+    Ok(answer(route, &req, objects, options).await)
+}
+
+/// Answers the request `req` read from a review on `route` with `options`.
+pub async fn answer<S: ObjectSource>(
+    route: Route,
+    req: &Request,
+    objects: &S,
+    options: &Options,
+) -> Reviewed {
+    let verdict = match (precheck(route, req), &req.object) {
         (Some(verdict), _) => verdict,
         (None, None) => Verdict::allow(),
-        (None, Some(object)) => validate(route, &req, object, objects).await,
+        (None, Some(object)) => policy(route, req, object, objects, options).await,
     };
-    Ok(answer(&req, verdict))
+    respond(req, verdict)
 }
 
-/// The response review and summary of `verdict` on `req`.
-fn answer<O>(req: &Request<'_, O>, verdict: Verdict) -> Reviewed {
-    let mut summary = summarize(req);
-    let body = respond(&req.uid, verdict, &mut summary);
-    Reviewed { body, summary }
-}
-
-/// The last-resort answer when a response cannot be written: a denial.
-const FAIL_CLOSED_REVIEW: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#;
-
-/// `bytes` in base64 as a JSON string. Built as raw JSON: base64 has nothing to escape, and
-/// serializing it as a string would scan every character for escapes (a mutation's patch is
-/// several KiB).
-fn base64_json_string(bytes: &[u8]) -> Option<Box<RawValue>> {
-    use base64::Engine as _;
-    let mut json = String::with_capacity(bytes.len().div_ceil(3) * 4 + 2);
-    json.push('"');
-    base64::engine::general_purpose::STANDARD.encode_string(bytes, &mut json);
-    json.push('"');
-    RawValue::from_string(json).ok()
-}
-
-/// A response, as [`review_bytes`] writes it.
-struct Response<'a> {
-    uid: &'a str,
-    allowed: bool,
-    status: Status,
-    patch: Option<&'a [u8]>,
-    warnings: &'a [String],
-}
-
-/// The response review as JSON bytes, written once, in kube-core's field order, with `patch` as
-/// the base64 string the API expects (a Go `[]byte`).
-fn review_bytes(response: &Response<'_>) -> Vec<u8> {
-    #[derive(serde::Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct ReviewOut<'a> {
-        api_version: &'static str,
-        kind: &'static str,
-        response: ResponseOut<'a>,
-    }
-    #[derive(serde::Serialize)]
-    #[serde(rename_all = "camelCase")]
-    struct ResponseOut<'a> {
-        uid: &'a str,
-        allowed: bool,
-        status: &'a Status,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        patch: Option<Box<RawValue>>,
-        #[serde(skip_serializing_if = "Option::is_none")]
-        patch_type: Option<&'static str>,
-        #[serde(skip_serializing_if = "<[String]>::is_empty")]
-        warnings: &'a [String],
-    }
-    // A patch that cannot be written must not become an allowed answer without it.
-    let patch = match response.patch.map(base64_json_string) {
-        Some(None) => return FAIL_CLOSED_REVIEW.to_vec(),
-        patch => patch.flatten(),
-    };
-    let review = ReviewOut {
-        api_version: REVIEW_API_VERSION,
-        kind: REVIEW_KIND,
-        response: ResponseOut {
-            uid: response.uid,
-            allowed: response.allowed,
-            status: &response.status,
-            patch_type: patch.as_ref().map(|_| "JSONPatch"),
-            patch,
-            warnings: response.warnings,
-        },
-    };
-    // Sized for the patch, so a mutation's few KiB are not copied while the buffer grows.
-    let mut body =
-        Vec::with_capacity(512 + review.response.patch.as_ref().map_or(0, |p| p.get().len()));
-    // Plain strings, numbers and string-keyed maps: serializing them cannot fail.
-    match serde_json::to_writer(&mut body, &review) {
-        Ok(()) => body,
-        Err(_) => FAIL_CLOSED_REVIEW.to_vec(),
-    }
-}
-
-/// The route the `review` subcommand uses for a review: by `request.kind`, as the webhook
-/// configurations route them.
-///
-/// # Errors
-/// [`BadReview`] when the value has no `request.kind` or no route serves that kind for `verb`.
-pub fn route_for(verb: Verb, value: &Value) -> Result<Route, BadReview> {
-    let kind = value
-        .pointer("/request/kind")
-        .ok_or_else(|| BadReview("request.kind is missing".into()))?;
-    let group = kind
-        .get("group")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let name = kind.get("kind").and_then(Value::as_str).unwrap_or_default();
-    Route::for_kind(verb, group, name).ok_or_else(|| {
-        BadReview(format!(
-            "no {} route serves kind {name:?} of group {group:?}",
-            match verb {
-                Verb::Validate => "validate",
-                Verb::Mutate => "mutate",
-            }
-        ))
-    })
-}
-
-fn summarize<O>(req: &Request<'_, O>) -> Summary {
-    Summary {
-        uid: req.uid.clone().into_owned(),
-        kind: format!(
-            "{}/{}, Kind={}",
-            req.kind.group, req.kind.version, req.kind.kind
-        ),
-        namespace: req.namespace.clone().unwrap_or_default().into_owned(),
-        name: req.name.clone().into_owned(),
-        operation: match req.operation {
-            Operation::Create => "CREATE",
-            Operation::Update => "UPDATE",
-            Operation::Delete => "DELETE",
-            Operation::Connect => "CONNECT",
-        },
-        ..Summary::default()
-    }
-}
-
-/// The verdict on a request that no route's policy needs to see: any operation but CREATE and
-/// UPDATE (allowed), a kind the route does not admit, or no object. `None` for the others.
-fn precheck<O>(route: Route, req: &Request<'_, O>) -> Option<Verdict> {
-    if !matches!(req.operation, Operation::Create | Operation::Update) {
-        return Some(Verdict::allow());
-    }
-    let (group, kind) = route.group_kind();
-    if (req.kind.group.as_ref(), req.kind.kind.as_ref()) != (group, kind) {
-        return Some(Verdict::deny(format!(
-            "{} admits {kind}.{group}, not {}.{}: check the webhook configuration's rules",
-            route.path(),
-            req.kind.kind,
-            req.kind.group
-        )));
-    }
-    req.object
-        .is_none()
-        .then(|| Verdict::deny(format!("request.object is missing from this {kind} review")))
-}
-
-/// The verdict of a validating route on `object`.
-async fn validate<S: ObjectSource>(
+/// The verdict of `route`'s policy on `object`.
+async fn policy<S: ObjectSource>(
     route: Route,
-    req: &Request<'_>,
-    object: &RawValue,
+    req: &Request,
+    object: &Value,
     objects: &S,
+    options: &Options,
 ) -> Verdict {
     match route {
         Route::ValidateTrainJob => validate::train_job(req, object, objects).await,
@@ -433,63 +357,160 @@ async fn validate<S: ObjectSource>(
             validate::runtime(req, object, crate::api::RuntimeKind::ClusterTrainingRuntime)
         }
         Route::ValidateJobSet => validate::jobset(req, object),
-        // Answered by `review` before it reads the object raw.
+        Route::MutateJobSet if req.request.operation == Operation::Create => {
+            mutate::jobset(req, object, objects, options).await
+        }
         Route::MutateJobSet => Verdict::allow(),
     }
+}
+
+/// The route the `review` subcommand uses for a review: by `request.kind`, as the webhook
+/// configurations route them.
+///
+/// # Errors
+/// [`BadReview`] when the value has no `request.kind` or no route serves that kind for `verb`.
+pub fn route_for(verb: Verb, value: &Value) -> Result<Route, BadReview> {
+    let kind = value.pointer("/request/kind").ok_or(BadReview::NoKind)?;
+    let group = kind
+        .get("group")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let name = kind.get("kind").and_then(Value::as_str).unwrap_or_default();
+    Route::for_kind(verb, group, name).ok_or_else(|| BadReview::NoRoute {
+        verb: match verb {
+            Verb::Validate => "validate",
+            Verb::Mutate => "mutate",
+        },
+        kind: name.to_owned(),
+        group: group.to_owned(),
+    })
+}
+
+fn summarize(req: &AdmissionRequest<DynamicObject>, outcome: Outcome) -> Summary {
+    Summary {
+        uid: req.uid.clone(),
+        kind: format!(
+            "{}/{}, Kind={}",
+            req.kind.group, req.kind.version, req.kind.kind
+        ),
+        namespace: req.namespace.clone().unwrap_or_default(),
+        name: req.name.clone(),
+        operation: match req.operation {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        },
+        outcome,
+    }
+}
+
+/// The verdict on a request that no route's policy needs to see: any operation but CREATE and
+/// UPDATE (allowed), a kind the route does not admit, or no object. `None` for the others.
+fn precheck(route: Route, req: &Request) -> Option<Verdict> {
+    let request = &req.request;
+    if !matches!(request.operation, Operation::Create | Operation::Update) {
+        return Some(Verdict::allow());
+    }
+    let (group, kind) = route.group_kind();
+    if (request.kind.group.as_str(), request.kind.kind.as_str()) != (group, kind) {
+        return Some(Verdict::deny(format!(
+            "{} admits {kind}.{group}, not {}.{}: check the webhook configuration's rules",
+            route.path(),
+            request.kind.kind,
+            request.kind.group
+        )));
+    }
+    req.object
+        .is_none()
+        .then(|| Verdict::deny(format!("request.object is missing from this {kind} review")))
 }
 
 /// Message sent instead of an internal error's details, which stay in the logs.
 pub const INTERNAL_ERROR_MESSAGE: &str =
     "mpi-webhook could not evaluate this request; its logs have the details";
 
-/// The status of a denial as every mpi-webhook denial reads (the product contract): code 403,
-/// reason Forbidden, and the message. kube-core's `deny` alone leaves the code and reason empty.
-fn forbidden(message: &str) -> Status {
-    Status::failure(message, "Forbidden").with_code(403)
+/// kube-core's response to `req` denying it with `message` as every mpi-webhook denial reads
+/// (the product contract): code 403, reason Forbidden. kube-core's `deny` alone leaves the code
+/// and reason empty.
+fn denied<T: kube::Resource>(req: &AdmissionRequest<T>, message: &str) -> AdmissionResponse {
+    let mut response = AdmissionResponse::from(req).deny(message);
+    response.result = Status::failure(message, "Forbidden").with_code(403);
+    response
 }
 
 /// A whole response review denying the request with `uid`, for a denial made outside a review
 /// (`serve`'s expired deadline), written like every other response.
 pub fn denial_review(uid: String, message: &str) -> Vec<u8> {
-    review_bytes(&Response {
-        uid: &uid,
-        allowed: false,
-        status: forbidden(message),
-        patch: None,
-        warnings: &[],
-    })
+    let mut response = AdmissionResponse::invalid(message);
+    response.uid = uid;
+    response.result = Status::failure(message, "Forbidden").with_code(403);
+    review_bytes(response)
 }
 
-/// The response to the request with `uid`, as bytes, and what happened, in `summary`.
-fn respond(uid: &str, verdict: Verdict, summary: &mut Summary) -> Vec<u8> {
-    let (warnings, patch, denial) = match verdict {
-        Verdict::Allow { warnings, patch } => (warnings, patch, None),
-        Verdict::Deny { message, warnings } => (warnings, None, Some(message)),
-        Verdict::Internal(error) => {
-            summary.internal_error = Some(error.to_string());
-            (Vec::new(), None, Some(INTERNAL_ERROR_MESSAGE.to_string()))
-        }
+/// The response review as JSON bytes, with the patch as the base64 string the API expects (a
+/// Go `[]byte`; kube-core's serde writes the bytes as an array of numbers).
+fn review_bytes(response: AdmissionResponse) -> Vec<u8> {
+    use base64::Engine as _;
+    let patch = response
+        .patch
+        .as_deref()
+        .map(|patch| base64::engine::general_purpose::STANDARD.encode(patch));
+    let mut review = match serde_json::to_value(response.into_review()) {
+        Ok(review) => review,
+        // Plain strings, numbers and string-keyed maps: serializing them cannot fail.
+        Err(_) => return FAIL_CLOSED_REVIEW.to_vec(),
     };
-    if let Some(message) = denial {
-        let body = review_bytes(&Response {
-            uid,
-            allowed: false,
-            status: forbidden(&message),
-            patch: None,
-            warnings: &warnings,
-        });
-        summary.denial = Some(message);
-        return body;
+    if let (Some(patch), Some(slot)) = (patch, review.pointer_mut("/response/patch")) {
+        *slot = Value::String(patch);
     }
-    summary.allowed = true;
-    // An empty patch is no patch.
-    let patch = patch.filter(|p| p.operations > 0);
-    summary.patch_operations = patch.as_ref().map_or(0, |p| p.operations);
-    review_bytes(&Response {
-        uid,
-        allowed: true,
-        status: Status::default(),
-        patch: patch.as_ref().map(|p| p.json.as_slice()),
-        warnings: &warnings,
-    })
+    serde_json::to_vec(&review).unwrap_or_else(|_| FAIL_CLOSED_REVIEW.to_vec())
+}
+
+/// The last-resort answer when a response cannot be written: a denial.
+const FAIL_CLOSED_REVIEW: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#;
+
+/// The response to `req` for `verdict`, as bytes, and what happened.
+fn respond(req: &Request, verdict: Verdict) -> Reviewed {
+    let request = &req.request;
+    let (response, outcome) = match verdict {
+        Verdict::Allow { warnings, patch } => {
+            // An empty patch is no patch.
+            let patch = patch.filter(|p| !p.0.is_empty());
+            let operations = patch.as_ref().map_or(0, |p| p.0.len());
+            let response = with_warnings(AdmissionResponse::from(request), warnings);
+            match patch.map(|patch| response.clone().with_patch(patch)) {
+                None => (response, Outcome::Allowed),
+                Some(Ok(patched)) => (patched, Outcome::Patched { operations }),
+                // A patch that cannot be written must not become an allowed answer without it.
+                Some(Err(error)) => internal(request, InternalError::Patch(error)),
+            }
+        }
+        Verdict::Deny { message, warnings } => (
+            with_warnings(denied(request, &message), warnings),
+            Outcome::Denied { message },
+        ),
+        Verdict::Internal(error) => internal(request, error),
+    };
+    Reviewed {
+        body: review_bytes(response),
+        summary: summarize(request, outcome),
+    }
+}
+
+fn internal(
+    request: &AdmissionRequest<DynamicObject>,
+    error: InternalError,
+) -> (AdmissionResponse, Outcome) {
+    (
+        denied(request, INTERNAL_ERROR_MESSAGE),
+        Outcome::InternalError {
+            error: error.to_string(),
+        },
+    )
+}
+
+fn with_warnings(mut response: AdmissionResponse, warnings: Vec<String>) -> AdmissionResponse {
+    response.warnings = (!warnings.is_empty()).then_some(warnings);
+    response
 }

@@ -3,10 +3,10 @@
 //! annotations ask for (JobSet mode).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use serde_json::value::RawValue;
+use serde_json::Value;
 
 use crate::field_error::aggregate;
-use crate::mpi::enforce::{Element, JobSetView, enforce_mpi_policy};
+use crate::mpi::enforce::enforce_mpi_policy;
 use crate::mpi::jobset_mode::{self, Mode};
 use crate::mpi::plan::{MpiPlan, PlanError};
 use crate::objects::ObjectSource;
@@ -16,34 +16,31 @@ use super::read::{self, Request};
 use super::validate::read_jobset;
 use super::{InternalError, Options, Verdict};
 
-/// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE, for `jobset` read from the review
-/// `body` of `req`.
+/// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE, for the JobSet `object` of `req`.
 pub(super) async fn jobset<S: ObjectSource>(
-    req: &Request<'_, Element<JobSetView<'_>>>,
-    jobset: &Element<JobSetView<'_>>,
-    body: &[u8],
+    req: &Request,
+    object: &Value,
     objects: &S,
     options: &Options,
 ) -> Verdict {
-    let jobset = match jobset {
-        Element::Object(view) => view,
-        Element::Other(found) => {
-            let error = read::not_an_object(read::OBJECT_FIELD, found.name());
-            return Verdict::deny(format!("JobSet cannot be read: {error}"));
-        }
-    };
-    let metadata: ObjectMeta = match jobset.metadata.map(|m| read::member(m, "metadata")) {
+    if !object.is_object() {
+        let error = read::not_an_object(read::OBJECT_FIELD, object);
+        return Verdict::deny(format!("JobSet cannot be read: {error}"));
+    }
+    let metadata: ObjectMeta = match object.get("metadata").filter(|m| !m.is_null()) {
         None => ObjectMeta::default(),
-        Some(Ok(metadata)) => metadata,
-        Some(Err(e)) => return Verdict::deny(format!("JobSet cannot be read: {e}")),
+        Some(metadata) => match read::member(metadata, "metadata", "metadata.") {
+            Ok(metadata) => metadata,
+            Err(e) => return Verdict::deny(format!("JobSet cannot be read: {e}")),
+        },
     };
     let plan = match jobset_mode::mode(&metadata) {
         Mode::Plain => Ok(None),
-        Mode::JobSet => jobset_mode_plan(body, options).map(Some),
+        Mode::JobSet => jobset_mode_plan(object, options).map(Some),
         Mode::TrainJob(owner) => train_job_plan(req, &metadata, owner, objects).await,
     };
     match plan {
-        Ok(Some(plan)) => match enforce_mpi_policy(&plan, jobset) {
+        Ok(Some(plan)) => match enforce_mpi_policy(&plan, object) {
             Ok(patch) => Verdict::Allow {
                 warnings: Vec::new(),
                 patch: Some(patch),
@@ -57,19 +54,10 @@ pub(super) async fn jobset<S: ObjectSource>(
 
 /// JobSet mode's plan. A JobSet breaking a rule of the mode is denied here too, with the
 /// validating route's message, so that no pod starts half wired whatever the order of the
-/// webhooks. The mode's rules read the whole JobSet, typed, and quote the client's JSON, so
-/// the review `body` is read for its object's raw JSON, as the validating route reads it.
-fn jobset_mode_plan(body: &[u8], options: &Options) -> Result<MpiPlan, Verdict> {
-    let object = match read::request::<&RawValue>(body) {
-        Ok(Request {
-            object: Some(object),
-            ..
-        }) => object,
-        Ok(_) => return Err(Verdict::Internal(InternalError::Reread("no object".into()))),
-        Err(e) => return Err(Verdict::Internal(InternalError::Reread(e.0))),
-    };
+/// webhooks. The mode's rules read the whole JobSet, typed, from the same JSON, and quote it.
+fn jobset_mode_plan(object: &Value, options: &Options) -> Result<MpiPlan, Verdict> {
     let jobset = read_jobset(object)?;
-    let checked = jobset_mode::check(&jobset, &RawJson::text(object));
+    let checked = jobset_mode::check(&jobset, &RawJson::from(object));
     match (aggregate(&checked.errors), checked.plan) {
         (Some(message), _) => Err(Verdict::deny(message)),
         (None, Some(mut plan)) => {
@@ -84,13 +72,14 @@ fn jobset_mode_plan(body: &[u8], options: &Options) -> Result<MpiPlan, Verdict> 
 /// The MPI plan of the TrainJob that controls the JobSet with `metadata` (`owner`): `Ok(None)`
 /// when its runtime has no MPI policy, `Err` with the verdict when the TrainJob or its runtime
 /// cannot be used.
-async fn train_job_plan<S: ObjectSource, O>(
-    req: &Request<'_, O>,
+async fn train_job_plan<S: ObjectSource>(
+    req: &Request,
     metadata: &ObjectMeta,
     owner: &OwnerReference,
     objects: &S,
 ) -> Result<Option<MpiPlan>, Verdict> {
     let namespace = req
+        .request
         .namespace
         .as_deref()
         .or(metadata.namespace.as_deref())

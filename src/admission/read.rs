@@ -1,6 +1,7 @@
-//! The one read of an AdmissionReview: its bytes straight into borrowed, typed fields, the
-//! object (and the old object) kept as the client's raw JSON text, which each route then reads
-//! into its own types with [`object`]. No `serde_json::Value` of the review is built.
+//! The one read of an AdmissionReview: the body read once, its request into kube-core's
+//! `AdmissionRequest` (the fields a route reads), the object and the old object into
+//! `serde_json::Value`s (from their text, which the read of the review delimits), from which
+//! each route reads the typed view it needs with [`object`]. Unknown fields are never lost.
 //!
 //! A body that is not an `admission.k8s.io/v1` AdmissionReview with a request is a
 //! [`BadReview`] naming the field at fault; an object of the wrong shape is the route's denial,
@@ -8,69 +9,53 @@
 
 use std::borrow::Cow;
 
-use kube::core::admission::Operation;
+use kube::core::admission::{AdmissionRequest, Operation};
+use kube::core::{DynamicObject, GroupVersionKind, GroupVersionResource, TypeMeta};
 use serde::Deserialize;
 use serde::de::IgnoredAny;
+use serde_json::Value;
 use serde_json::value::RawValue;
 
-use crate::mpi::enforce::JsonType;
+use crate::json_error::{self, TextError, Unreadable};
 
 use super::{BadReview, REVIEW_API_VERSION, REVIEW_KIND};
 
-/// The request of a review, as the routes read it, its object read as `O`: raw JSON for the
-/// validating routes, which read it into their types, or the view the mutation reads, in the
-/// same pass as the review.
+/// A review's request: kube-core's `AdmissionRequest` with what the routes read of it, and the
+/// object and the old object as JSON.
 #[derive(Debug)]
-pub(crate) struct Request<'a, O = &'a RawValue> {
-    /// Echoed in the response.
-    pub uid: Cow<'a, str>,
-    /// The kind of the object.
-    pub kind: Kind<'a>,
-    /// Object name (may be empty on CREATE with generateName).
-    pub name: Cow<'a, str>,
-    /// Namespace, for namespaced objects.
-    pub namespace: Option<Cow<'a, str>>,
-    /// CREATE, UPDATE, ...
-    pub operation: Operation,
+pub struct Request {
+    /// uid, kind, name, namespace and operation; the fields no route reads (resource, user
+    /// info, ...) are checked to be there and left empty, and so are the objects, which are
+    /// below, as JSON. What the response is built from (`AdmissionResponse::from`).
+    pub request: AdmissionRequest<DynamicObject>,
     /// The object (`None` when absent or `null`).
-    pub object: Option<O>,
-    /// The old object on UPDATE, as raw JSON.
-    pub old_object: Option<&'a RawValue>,
-}
-
-/// `request.kind`.
-#[derive(Debug, Deserialize)]
-pub(crate) struct Kind<'a> {
-    #[serde(borrow)]
-    pub group: Cow<'a, str>,
-    #[serde(borrow)]
-    pub version: Cow<'a, str>,
-    #[serde(borrow)]
-    pub kind: Cow<'a, str>,
+    pub object: Option<Value>,
+    /// The old object on UPDATE (`None` when absent or `null`).
+    pub old_object: Option<Value>,
 }
 
 /// An AdmissionReview. `apiVersion` and `kind` are checked after the read.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
-struct Review<'a, O> {
+#[serde(rename_all = "camelCase")]
+struct Review<'a> {
     #[serde(borrow, default)]
     api_version: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    request: Option<JsonObject<RequestFields<'a, O>>>,
+    request: Option<JsonObject<RequestFields<'a>>>,
     /// Never sent by the apiserver in a request.
     #[serde(default)]
     #[allow(dead_code)]
     response: Option<IgnoredAny>,
 }
 
-/// kube's `AdmissionRequest`, field for field: the members it requires are required here too,
+/// kube's `AdmissionRequest`, field for field: the members it requires are required here too;
 /// those no route reads are checked to be there and skipped.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
+#[serde(rename_all = "camelCase")]
 #[allow(dead_code)]
-struct RequestFields<'a, O> {
+struct RequestFields<'a> {
     #[serde(borrow)]
     uid: Cow<'a, str>,
     #[serde(borrow)]
@@ -90,14 +75,25 @@ struct RequestFields<'a, O> {
     namespace: Option<Cow<'a, str>>,
     operation: Operation,
     user_info: IgnoredAny,
-    #[serde(default)]
-    object: Option<O>,
+    #[serde(borrow, default)]
+    object: Option<&'a RawValue>,
     #[serde(borrow, default)]
     old_object: Option<&'a RawValue>,
     #[serde(default)]
     dry_run: Option<IgnoredAny>,
     #[serde(default)]
     options: Option<IgnoredAny>,
+}
+
+/// `request.kind`.
+#[derive(Deserialize)]
+struct Kind<'a> {
+    #[serde(borrow)]
+    group: Cow<'a, str>,
+    #[serde(borrow)]
+    version: Cow<'a, str>,
+    #[serde(borrow)]
+    kind: Cow<'a, str>,
 }
 
 /// A JSON object read as `T`, and nothing else: serde's derived structs would also read an
@@ -125,135 +121,125 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
     }
 }
 
-/// Reads the request of an `admission.k8s.io/v1` AdmissionReview, its object as `O`.
+/// Reads the request of an `admission.k8s.io/v1` AdmissionReview.
 ///
 /// # Errors
 /// [`BadReview`] when the body is not JSON, not an object, not such a review, or has no request.
-pub(crate) fn request<'a, O: Deserialize<'a>>(body: &'a [u8]) -> Result<Request<'a, O>, BadReview> {
-    let review: Review<'a, O> = match starts_an_object(body) {
-        true => read_explained(body).map_err(|e| match &e.syntax {
-            Some(full) => BadReview(format!("request body is not JSON: {full}")),
-            None => BadReview(e.at("not an AdmissionReview", "not an AdmissionReview: ")),
-        })?,
-        false => {
-            return Err(BadReview(
-                match serde_json::from_slice::<IgnoredAny>(body) {
-                    Ok(_) => "request body is not a JSON object".to_string(),
-                    Err(e) => format!("request body is not JSON: {e}"),
-                },
-            ));
-        }
-    };
-    let api_version = review.api_version.as_deref().unwrap_or_default();
-    let kind = review.kind.as_deref().unwrap_or_default();
-    if (api_version, kind) != (REVIEW_API_VERSION, REVIEW_KIND) {
-        return Err(BadReview(format!(
-            "expected apiVersion \"{REVIEW_API_VERSION}\" and kind \"{REVIEW_KIND}\", got {api_version:?} and {kind:?}"
-        )));
+pub fn request(body: &[u8]) -> Result<Request, BadReview> {
+    request_then(body, |_| {})
+}
+
+/// [`request`], calling `on_uid` with the request's uid as soon as the review around the
+/// objects is read, before the objects are parsed (the costly part of a large review): `serve`
+/// answers a review whose deadline passes meanwhile with a denial naming that uid.
+///
+/// # Errors
+/// As [`request`].
+pub fn request_then(body: &[u8], on_uid: impl FnOnce(&str)) -> Result<Request, BadReview> {
+    if !starts_an_object(body) {
+        return Err(match serde_json::from_slice::<IgnoredAny>(body) {
+            Ok(_) => BadReview::NotAnObject,
+            Err(e) => BadReview::NotJson(e.to_string()),
+        });
     }
-    let Some(JsonObject(r)) = review.request else {
-        return Err(BadReview("AdmissionReview has no request".into()));
+    let Review {
+        api_version,
+        kind,
+        request,
+        ..
+    } = json_error::read_text(body).map_err(|e| match e {
+        TextError::Syntax(message) => BadReview::NotJson(message),
+        TextError::Unreadable(e) => BadReview::Unreadable(e),
+    })?;
+    let api_version = api_version.as_deref().unwrap_or_default();
+    let kind = kind.as_deref().unwrap_or_default();
+    if (api_version, kind) != (REVIEW_API_VERSION, REVIEW_KIND) {
+        return Err(BadReview::WrongKind {
+            api_version: api_version.to_owned(),
+            kind: kind.to_owned(),
+        });
+    }
+    let Some(JsonObject(fields)) = request else {
+        return Err(BadReview::NoRequest);
+    };
+    on_uid(&fields.uid);
+    // Valid JSON, read once already, nested less deeply than the review: it parses.
+    let parse = |raw: Option<&RawValue>| {
+        raw.map(|raw| serde_json::from_str::<Value>(raw.get()))
+            .transpose()
+            .map_err(|e| BadReview::NotJson(e.to_string()))
+    };
+    let (object, old_object) = (parse(fields.object)?, parse(fields.old_object)?);
+    let request = AdmissionRequest {
+        types: TypeMeta {
+            api_version: REVIEW_API_VERSION.to_owned(),
+            kind: REVIEW_KIND.to_owned(),
+        },
+        uid: fields.uid.into_owned(),
+        kind: GroupVersionKind::gvk(&fields.kind.group, &fields.kind.version, &fields.kind.kind),
+        resource: GroupVersionResource::gvr("", "", ""),
+        sub_resource: None,
+        request_kind: None,
+        request_resource: None,
+        request_sub_resource: None,
+        name: fields.name.into_owned(),
+        namespace: fields.namespace.map(Cow::into_owned),
+        operation: fields.operation,
+        user_info: Default::default(),
+        object: None,
+        old_object: None,
+        dry_run: false,
+        options: None,
     };
     Ok(Request {
-        uid: r.uid,
-        kind: r.kind,
-        name: r.name,
-        namespace: r.namespace,
-        operation: r.operation,
-        object: r.object,
-        old_object: r.old_object,
+        object,
+        old_object,
+        request,
     })
-}
-
-/// Where the object sits in a review: what an error about the object as a whole names.
-pub(crate) const OBJECT_FIELD: &str = "request.object";
-
-/// Reads an object of the review (its raw JSON) as `T`.
-///
-/// # Errors
-/// The field path within the object and serde's message; `request.object` for an object that
-/// is not a JSON object.
-pub(crate) fn object<'a, T: Deserialize<'a>>(raw: &'a RawValue) -> Result<T, String> {
-    read_object(raw, OBJECT_FIELD, "")
-}
-
-/// Reads the member `name` of the object (its raw JSON), itself a JSON object, as `T`.
-///
-/// # Errors
-/// The field path (`name.path`) and serde's message.
-pub(crate) fn member<'a, T: Deserialize<'a>>(raw: &'a RawValue, name: &str) -> Result<T, String> {
-    read_object(raw, name, &format!("{name}."))
-}
-
-fn read_object<'a, T: Deserialize<'a>>(
-    raw: &'a RawValue,
-    root: &str,
-    prefix: &str,
-) -> Result<T, String> {
-    let text = raw.get();
-    if !starts_an_object(text.as_bytes()) {
-        return Err(not_an_object(root, JsonType::of_text(text).name()));
-    }
-    read_explained(text.as_bytes()).map_err(|e| e.at(root, prefix))
-}
-
-/// The error for a value at `root` of JSON type `found` where an object belongs.
-pub(crate) fn not_an_object(root: &str, found: &str) -> String {
-    format!("{root}: invalid type: {found}, expected a JSON object")
-}
-
-/// Reads `bytes` as `T`. A failure is read again, tracking the path, to explain it.
-fn read_explained<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, ReadError> {
-    if let Ok(value) = serde_json::from_slice(bytes) {
-        return Ok(value);
-    }
-    let mut deserializer = serde_json::Deserializer::from_slice(bytes);
-    match serde_path_to_error::deserialize(&mut deserializer) {
-        Ok(value) => deserializer
-            .end()
-            .map(|()| value)
-            .map_err(|e| ReadError::new(".".into(), e)),
-        Err(error) => Err(ReadError::new(error.path().to_string(), error.into_inner())),
-    }
-}
-
-/// Why [`read_explained`] failed: where, and serde_json's error.
-struct ReadError {
-    /// The path of the field at fault, `.` for the document as a whole.
-    path: String,
-    /// serde_json's message without the line and column (a review is one line).
-    message: String,
-    /// serde_json's whole message, when the text is not JSON to serde_json. Within a value read
-    /// whole before (an object's raw JSON) that happens too: a struct read from an array that
-    /// has more elements than the struct fields ("trailing characters"), nesting deeper than
-    /// serde_json reads; those are named by their path like any other error.
-    syntax: Option<String>,
-}
-
-impl ReadError {
-    fn new(path: String, error: serde_json::Error) -> Self {
-        let full = error.to_string();
-        let position = format!(" at line {} column {}", error.line(), error.column());
-        Self {
-            path,
-            message: full.strip_suffix(&position).unwrap_or(&full).to_owned(),
-            syntax: (error.is_syntax() || error.is_eof()).then_some(full),
-        }
-    }
-
-    /// The message, naming `root` for an error about the document as a whole and prefixing
-    /// `prefix` to any other path.
-    fn at(&self, root: &str, prefix: &str) -> String {
-        match self.path.as_str() {
-            "." => format!("{root}: {}", self.message),
-            path => format!("{prefix}{path}: {}", self.message),
-        }
-    }
 }
 
 /// Whether the first non-blank byte opens a JSON object.
 fn starts_an_object(bytes: &[u8]) -> bool {
     bytes.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{')
+}
+
+/// Where the object sits in a review: what an error about the object as a whole names.
+pub(crate) const OBJECT_FIELD: &str = "request.object";
+
+/// Reads an object of the review as `T`.
+///
+/// # Errors
+/// [`Unreadable`] naming the field within the object, or `request.object` for the object as a
+/// whole (not a JSON object, a required member missing).
+pub(crate) fn object<'a, T: Deserialize<'a>>(object: &'a Value) -> Result<T, Unreadable> {
+    member(object, OBJECT_FIELD, "")
+}
+
+/// Reads `value`, which sits at `root` of the object and must be a JSON object, as `T`; a field
+/// within it is named `prefix.field`.
+///
+/// # Errors
+/// [`Unreadable`] naming the field.
+pub(crate) fn member<'a, T: Deserialize<'a>>(
+    value: &'a Value,
+    root: &str,
+    prefix: &str,
+) -> Result<T, Unreadable> {
+    if !value.is_object() {
+        return Err(not_an_object(root, value));
+    }
+    json_error::read(value).map_err(|e| e.within(root, prefix))
+}
+
+/// The error for `value` at `root` where an object belongs.
+pub(crate) fn not_an_object(root: &str, value: &Value) -> Unreadable {
+    Unreadable {
+        field: Some(root.to_owned()),
+        message: format!(
+            "invalid type: {}, expected a JSON object",
+            json_error::type_name(value)
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -271,31 +257,30 @@ mod tests {
     const MINIMAL: &str = r#"{"uid":"u","kind":{"group":"g","version":"v","kind":"K"},"resource":{"group":"g","version":"v","resource":"ks"},"operation":"CREATE","userInfo":{},"object":null}"#;
 
     #[test]
-    fn the_shipped_sample_reviews_read_borrowed() {
+    fn the_shipped_sample_reviews_read() {
         for file in std::fs::read_dir(SAMPLES).expect("samples") {
             let path = file.expect("an entry").path();
             let body = std::fs::read(&path).expect("sample exists");
-            let request = request::<&RawValue>(&body).expect("an AdmissionReview");
-            assert!(matches!(request.uid, Cow::Borrowed(_)), "{path:?}");
-            assert_eq!(request.operation, Operation::Create);
-            assert!(request.object.is_some_and(|o| o.get().starts_with('{')));
+            let request = request(&body).expect("an AdmissionReview");
+            assert_eq!(request.request.operation, Operation::Create, "{path:?}");
+            assert!(request.object.is_some_and(|o| o.is_object()));
         }
     }
 
     #[test]
     fn a_minimal_request_reads_and_a_null_object_is_none() {
         let body = review(MINIMAL);
-        let request = request::<&RawValue>(body.as_bytes()).expect("a minimal request");
-        assert_eq!(request.uid, "u");
-        assert_eq!(request.kind.kind, "K");
+        let request = request(body.as_bytes()).expect("a minimal request");
+        assert_eq!(request.request.uid, "u");
+        assert_eq!(request.request.kind.kind, "K");
         assert!(request.object.is_none());
     }
 
     #[test]
     fn what_is_not_a_review_is_named() {
-        let bad = |body: &str| match request::<&RawValue>(body.as_bytes()) {
+        let bad = |body: &str| match request(body.as_bytes()) {
             Ok(_) => panic!("{body} was read"),
-            Err(BadReview(message)) => message,
+            Err(bad) => bad.to_string(),
         };
         assert_eq!(
             bad(&review(&MINIMAL.replace(r#""userInfo":{},"#, ""))),
@@ -325,38 +310,18 @@ mod tests {
             #[allow(dead_code)]
             spec: Spec,
         }
-        let raw = |text: &str| RawValue::from_string(text.to_owned()).expect("JSON");
-        let wrong = raw(r#"{"spec":{"replicas":"2"}}"#);
+        let error = |value: Value| object::<Thing>(&value).expect_err("unreadable").to_string();
         assert_eq!(
-            object::<Thing>(&wrong).expect_err("a string"),
+            error(serde_json::json!({"spec":{"replicas":"2"}})),
             r#"spec.replicas: invalid type: string "2", expected i32"#
         );
         assert_eq!(
-            object::<Thing>(&raw("{}")).expect_err("no spec"),
+            error(serde_json::json!({})),
             "request.object: missing field `spec`"
         );
         assert_eq!(
-            object::<Thing>(&raw("[1]")).expect_err("an array"),
+            error(serde_json::json!([1])),
             "request.object: invalid type: array, expected a JSON object"
-        );
-        // Found by the `validation` fuzz target: serde's derived structs also read an array,
-        // and one longer than the struct's fields is a syntax error to serde_json; it is named
-        // by its field like any other, as is nesting deeper than serde_json reads.
-        assert_eq!(
-            object::<Thing>(&raw(r#"{"spec":[1,2]}"#)).expect_err("too long"),
-            "spec: trailing characters"
-        );
-        #[derive(Debug, Deserialize)]
-        struct Deep {
-            #[allow(dead_code)]
-            env: serde_json::Value,
-        }
-        let deep = format!(r#"{{"env":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
-        let error = object::<Deep>(&raw(&deep)).expect_err("too deep");
-        assert!(error.starts_with("env"), "{error}");
-        assert_eq!(
-            member::<Spec>(&raw(r#"{"replicas":true}"#), "metadata").expect_err("a boolean"),
-            "metadata.replicas: invalid type: boolean `true`, expected i32"
         );
     }
 }

@@ -4,7 +4,7 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::admission::Operation;
 use serde::Deserialize;
-use serde_json::value::RawValue;
+use serde_json::Value;
 
 use crate::api::{JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
@@ -54,8 +54,8 @@ fn deprecation_warning(kind: RuntimeKind, runtime: &TrainingRuntime) -> Option<S
 
 /// `/validate-trainer-kubeflow-org-v1alpha1-trainjob`.
 pub(super) async fn train_job<S: ObjectSource>(
-    req: &Request<'_>,
-    object: &RawValue,
+    req: &Request,
+    object: &Value,
     objects: &S,
 ) -> Verdict {
     let train_job: TrainJob = match read::object(object) {
@@ -67,11 +67,12 @@ pub(super) async fn train_job<S: ObjectSource>(
         Err(e) => return Verdict::deny(e.to_string()),
     };
     let namespace = req
+        .request
         .namespace
         .as_deref()
         .unwrap_or_else(|| train_job.namespace());
     let name = &train_job.spec.runtime_ref.name;
-    let raw = RawJson::text(object);
+    let raw = RawJson::from(object);
     let runtime = match objects.runtime(kind, namespace, name).await {
         Ok(Some(runtime)) => runtime,
         Ok(None) => {
@@ -92,16 +93,16 @@ pub(super) async fn train_job<S: ObjectSource>(
 }
 
 /// `/validate-trainer-kubeflow-org-v1alpha1-{cluster,}trainingruntime`.
-pub(super) fn runtime(req: &Request<'_>, object: &RawValue, kind: RuntimeKind) -> Verdict {
+pub(super) fn runtime(req: &Request, object: &Value, kind: RuntimeKind) -> Verdict {
     let runtime: TrainingRuntime = match read::object(object) {
         Ok(r) => r,
         Err(e) => return Verdict::deny(format!("{} cannot be read: {e}", kind.as_str())),
     };
     let errors = validate_runtime(
         &runtime,
-        &RawJson::text(object),
+        &RawJson::from(object),
         kind,
-        req.operation == Operation::Update,
+        req.request.operation == Operation::Update,
     );
     Verdict::from_checks(
         aggregate(&errors),
@@ -111,7 +112,7 @@ pub(super) fn runtime(req: &Request<'_>, object: &RawValue, kind: RuntimeKind) -
 
 /// A JobSet as JobSet mode's rules read it (both JobSet routes), or the denial naming the field
 /// that cannot be read.
-pub(super) fn read_jobset(object: &RawValue) -> Result<JobSet, Verdict> {
+pub(super) fn read_jobset(object: &Value) -> Result<JobSet, Verdict> {
     read::object(object).map_err(|e| Verdict::deny(format!("JobSet cannot be read: {e}")))
 }
 
@@ -124,14 +125,14 @@ struct OldMetadata {
 
 /// `/validate-jobset-x-k8s-io-v1alpha2-jobset`: JobSet mode's rules on CREATE and UPDATE, the
 /// label and annotations fixed after creation, and no label on a JobSet a TrainJob owns.
-pub(super) fn jobset(req: &Request<'_>, object: &RawValue) -> Verdict {
+pub(super) fn jobset(req: &Request, object: &Value) -> Verdict {
     let jobset = match read_jobset(object) {
         Ok(jobset) => jobset,
         Err(verdict) => return verdict,
     };
     let mut errors = Vec::new();
-    if req.operation == Operation::Update {
-        let Some(old) = req.old_object else {
+    if req.request.operation == Operation::Update {
+        let Some(old) = &req.old_object else {
             return Verdict::deny("request.oldObject is missing from this JobSet UPDATE review");
         };
         match read::object::<OldMetadata>(old) {
@@ -146,7 +147,7 @@ pub(super) fn jobset(req: &Request<'_>, object: &RawValue) -> Verdict {
     match jobset_mode::mode(&jobset.metadata) {
         Mode::TrainJob(_) => errors.extend(jobset_mode::label_on_train_job_error(&jobset.metadata)),
         Mode::JobSet => {
-            let checked = jobset_mode::check(&jobset, &RawJson::text(object));
+            let checked = jobset_mode::check(&jobset, &RawJson::from(object));
             errors.extend(checked.errors);
             warnings = checked.warnings;
         }

@@ -50,7 +50,7 @@ pub enum LoadError {
         /// The object's name, when readable.
         name: String,
         /// The field and the problem.
-        message: String,
+        message: Box<crate::json_error::Unreadable>,
     },
 }
 
@@ -94,39 +94,10 @@ impl KnownKind {
 ///
 /// # Errors
 /// The field path and serde's message.
-pub fn from_value<T: serde::de::DeserializeOwned>(value: &Value) -> Result<T, String> {
-    read_value(value, None)
-}
-
-/// Like [`from_value`], for a value that sits at `root` of a larger document: an error about the
-/// value as a whole (the wrong JSON type, a missing required member) names `root`
-/// (e.g. `request.object: invalid type: integer `7`, expected struct TrainJob`).
-///
-/// # Errors
-/// The field path (or `root`) and serde's message.
-pub fn from_value_at<T: serde::de::DeserializeOwned>(
+pub fn from_value<T: serde::de::DeserializeOwned>(
     value: &Value,
-    root: &str,
-) -> Result<T, String> {
-    read_value(value, Some(root))
-}
-
-fn read_value<T: serde::de::DeserializeOwned>(
-    value: &Value,
-    root: Option<&str>,
-) -> Result<T, String> {
-    // Tracking the path costs an allocation per field visited, and only the error message needs
-    // it: the plain deserialization runs first, the tracked one only to explain a failure.
-    T::deserialize(value).or_else(|_| {
-        serde_path_to_error::deserialize(value).map_err(|e| {
-            let path = e.path().to_string();
-            match (path.as_str(), root) {
-                (".", None) => e.into_inner().to_string(),
-                (".", Some(root)) => format!("{root}: {}", e.into_inner()),
-                _ => format!("{path}: {}", e.into_inner()),
-            }
-        })
-    })
+) -> Result<T, crate::json_error::Unreadable> {
+    crate::json_error::read(value)
 }
 
 /// Parses the documents of one file: JSON for `*.json`, multi-document YAML otherwise.
@@ -225,7 +196,7 @@ fn load_text(snapshot: &mut Snapshot, path: &Path, text: &str) -> Result<(), Loa
             tracing::debug!(file = %path.display(), document = i + 1, "skipping object of an unknown kind");
             continue;
         };
-        let object_error = |message| LoadError::Object {
+        let object_error = |message: crate::json_error::Unreadable| LoadError::Object {
             path: path.to_path_buf(),
             document: i + 1,
             kind: doc
@@ -238,7 +209,7 @@ fn load_text(snapshot: &mut Snapshot, path: &Path, text: &str) -> Result<(), Loa
                 .and_then(Value::as_str)
                 .unwrap_or_default()
                 .to_string(),
-            message,
+            message: Box::new(message),
         };
         let replaced = match kind {
             KnownKind::TrainJob => {

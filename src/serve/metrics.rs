@@ -56,6 +56,19 @@ impl Outcome {
     }
 }
 
+impl From<&crate::admission::Outcome> for Outcome {
+    /// The label of a review answered: the admission outcome, as the response and the log have it.
+    fn from(outcome: &crate::admission::Outcome) -> Self {
+        use crate::admission::Outcome as Answered;
+        match outcome {
+            Answered::Allowed => Outcome::Allowed,
+            Answered::Patched { .. } => Outcome::Patched,
+            Answered::Denied { .. } => Outcome::Denied,
+            Answered::InternalError { .. } => Outcome::Error,
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
     route: &'static str,

@@ -181,12 +181,19 @@ async fn answer<S: ObjectSource + 'static>(
             Ok(body) => body,
             Err(e) => return Answer::Error(e),
         };
-        let reviewed = tokio::time::timeout_at(
+        let req = match admission::read(&body) {
+            Ok(req) => req,
+            Err(bad) => return bad_review(bad),
+        };
+        let answered = tokio::time::timeout_at(
             deadline,
-            admission::review_with(route, &body, &*state.objects, &state.policy),
+            admission::answer(route, &req, &*state.objects, &state.policy),
         )
         .await;
-        return reviewed_or_timed_out(reviewed, &body);
+        return match answered {
+            Ok(reviewed) => Answer::Reviewed(reviewed),
+            Err(_) => timed_out(req.request.uid),
+        };
     }
     // Waiting for a permit before reading: a body that waits stays in the client's socket,
     // costing this process nothing.
@@ -203,47 +210,52 @@ async fn answer<S: ObjectSource + 'static>(
         Ok(body) => body,
         Err(e) => return Answer::Error(e),
     };
-    // Parsed on a blocking thread, so the async workers keep answering `/healthz` and the small
-    // reviews meanwhile. The permit goes with the work: were the deadline to pass first, the
-    // review still counts against the bound until it ends.
-    let (state, body_for_review) = (Arc::clone(state), body.clone());
+    // Parsed and answered on a blocking thread, so the async workers keep answering `/healthz`
+    // and the small reviews meanwhile. The permit goes with the work: were the deadline to pass
+    // first, the review still counts against the bound until it ends. The uid is sent back as
+    // soon as it is read, before the object is parsed, for a denial should the deadline pass.
+    let state = Arc::clone(state);
+    let (uid_sender, uid) = tokio::sync::oneshot::channel();
     let runtime = tokio::runtime::Handle::current();
     let review = tokio::task::spawn_blocking(move || {
         let _permit = permit;
-        runtime.block_on(admission::review_with(
+        let req = admission::read_then(&body, |uid| {
+            uid_sender.send(uid.to_owned()).ok();
+        })?;
+        Ok(runtime.block_on(admission::answer(
             route,
-            &body_for_review,
+            &req,
             &*state.objects,
             &state.policy,
-        ))
+        )))
     });
     match tokio::time::timeout_at(deadline, review).await {
-        Ok(Ok(reviewed)) => reviewed_or_timed_out(Ok(reviewed), &body),
+        Ok(Ok(Ok(reviewed))) => Answer::Reviewed(reviewed),
+        Ok(Ok(Err(bad))) => bad_review(bad),
         Ok(Err(join_error)) => Answer::Error(ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             Outcome::Error,
             format!("the review did not complete: {join_error}"),
         )),
-        Err(_) => Answer::TimedOut { uid: uid_of(&body) },
+        // The uid comes as soon as the review around the object is read (as long as the old
+        // lenient scan of the body for it took); a body that is no review has none.
+        Err(_) => timed_out(uid.await.unwrap_or_default()),
     }
 }
 
-/// The answer to a review that ran until `deadline`.
-fn reviewed_or_timed_out(
-    reviewed: Result<Result<Reviewed, BadReview>, tokio::time::error::Elapsed>,
-    body: &[u8],
-) -> Answer {
-    match reviewed {
-        Ok(Ok(reviewed)) => Answer::Reviewed(reviewed),
-        Ok(Err(bad)) => Answer::Error(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            Outcome::BadRequest,
-            bad.0,
-        )),
-        // Fail closed: the apiserver would otherwise apply failurePolicy to a timeout anyway; a
-        // denial that says why, sent before its deadline, is the more useful answer.
-        Err(_) => Answer::TimedOut { uid: uid_of(body) },
-    }
+/// The 400 for a body that is not an AdmissionReview.
+fn bad_review(bad: BadReview) -> Answer {
+    Answer::Error(ApiError::new(
+        StatusCode::BAD_REQUEST,
+        Outcome::BadRequest,
+        bad.to_string(),
+    ))
+}
+
+/// Fail closed: the apiserver would otherwise apply failurePolicy to a timeout anyway; a denial
+/// that says why, sent before its deadline, is the more useful answer.
+fn timed_out(uid: String) -> Answer {
+    Answer::TimedOut { uid }
 }
 
 /// The body length the request declares, if it declares one.
@@ -281,56 +293,6 @@ async fn read_body(request: Request, deadline: tokio::time::Instant) -> Result<B
             "the request body did not arrive before the deadline",
         )),
     }
-}
-
-/// The request uid, read leniently (only needed when the deadline expired mid-review): members
-/// other than `request.uid` are skipped unread, and a repeated member counts by its last value,
-/// as in the general read of a review, so a denial still names the request it answers.
-fn uid_of(body: &[u8]) -> String {
-    use std::marker::PhantomData;
-
-    use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
-
-    /// Reads an object as the last value of its member `.0`.
-    struct LastMember<T>(&'static str, PhantomData<T>);
-
-    impl<'de, T: Deserialize<'de>> Visitor<'de> for LastMember<T> {
-        type Value = Option<T>;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "an object with member {:?}", self.0)
-        }
-
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Option<T>, A::Error> {
-            let mut last = None;
-            while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-                if key == self.0 {
-                    last = Some(map.next_value()?);
-                } else {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-            Ok(last)
-        }
-    }
-
-    /// `request.uid`.
-    struct RequestUid(Option<String>);
-
-    impl<'de> Deserialize<'de> for RequestUid {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer
-                .deserialize_map(LastMember::<String>("uid", PhantomData))
-                .map(RequestUid)
-        }
-    }
-
-    serde_json::Deserializer::from_slice(body)
-        .deserialize_map(LastMember::<RequestUid>("request", PhantomData))
-        .ok()
-        .flatten()
-        .and_then(|request| request.0)
-        .unwrap_or_default()
 }
 
 /// Message of the fail-closed denial sent when the deadline expires.
@@ -394,27 +356,23 @@ fn reviewed_response(
                 namespace = summary.namespace,
                 name = summary.name,
                 operation = summary.operation,
-                allowed = summary.allowed,
+                allowed = summary.outcome.allowed(),
                 duration_ms,
                 $($rest)*
             )
         };
     }
-    let outcome = if let Some(error) = &summary.internal_error {
-        log!(error, error, "internal error; denied (fail closed)");
-        Outcome::Error
-    } else if !summary.allowed {
-        let message = summary.denial.as_deref().unwrap_or_default();
-        log!(info, message, "denied");
-        Outcome::Denied
-    } else if summary.patch_operations > 0 {
-        log!(debug, operations = summary.patch_operations, "patched");
-        Outcome::Patched
-    } else {
-        log!(debug, "allowed");
-        Outcome::Allowed
-    };
-    (outcome, summary.patch_operations, json_response(body))
+    match &summary.outcome {
+        admission::Outcome::InternalError { error } => {
+            log!(error, error, "internal error; denied (fail closed)");
+        }
+        admission::Outcome::Denied { message } => log!(info, message, "denied"),
+        admission::Outcome::Patched { operations } => log!(debug, operations, "patched"),
+        admission::Outcome::Allowed => log!(debug, "allowed"),
+    }
+    let outcome = Outcome::from(&summary.outcome);
+    let operations = summary.outcome.patch_operations();
+    (outcome, operations, json_response(body))
 }
 
 /// The time budget of a request: the apiserver's `?timeout=` (a Go duration such as `10s`,
@@ -496,17 +454,5 @@ mod tests {
         assert_eq!(deadline(Some("timeout=20ms")), ms(15));
         assert_eq!(deadline(None), ms(9_000));
         assert_eq!(deadline(Some("timeout=bogus")), ms(9_000));
-    }
-
-    #[test]
-    fn uid_is_read_leniently() {
-        assert_eq!(uid_of(br#"{"request":{"uid":"u1","x":1}}"#), "u1");
-        assert_eq!(uid_of(b"not json"), "");
-        // A repeated member counts by its last value, as in the general read.
-        assert_eq!(
-            uid_of(br#"{"request":{"uid":"u1","uid":"u2"},"kind":"AdmissionReview"}"#),
-            "u2"
-        );
-        assert_eq!(uid_of(br#"{"request":{"uid":7}}"#), "");
     }
 }

@@ -457,11 +457,7 @@ fn fresh_wired_incomplete_and_wrong_jobsets_are_written_as_the_reference_writes_
     let fresh = jobset(&rt, &tj);
     let patch = written_patch(&plan, &fresh).expect("patchable");
     let ops = enforce(&plan, &fresh).expect("patchable");
-    assert_eq!(patch.operations, ops.len());
-    assert_eq!(
-        serde_json::from_slice::<Value>(&patch.json).expect("JSON"),
-        serde_json::to_value(&ops).expect("serializes")
-    );
+    assert_eq!(patch.0, ops);
 
     // Counts compare as the reference compares JSON values: 2 is 2; 2.0 and "2" are not.
     assert_eq!(plan.node_count, Some(2), "numNodes 3, the launcher a node");

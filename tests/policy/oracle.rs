@@ -1,8 +1,9 @@
 //! The reference JobSet mutation, the oracle of the differential tests: the MPI policy's
 //! operations (spec section C) computed on a `serde_json::Value` with a working copy, the most
-//! direct reading of the spec. `mpi_webhook::mpi::enforce` writes the same operations from one
-//! borrowed read; `support::enforce` checks the two agree on every JobSet the tests mutate, and
-//! `admission::every_edit_*` on every edit of a review.
+//! direct reading of the spec, kept as the readable statement of the rules next to the shipped
+//! writer (`mpi_webhook::mpi::enforce`, the same approach); `support::enforce` checks the two
+//! agree on every JobSet the tests mutate, and `admission::every_edit_*` on every edit of a
+//! review, and both against the golden corpus (`golden.rs`).
 //!
 //! Lists are upserted (volumes and env by `name`, mounts by `mountPath`): an equal entry yields
 //! no operation, a different one is replaced in place, a missing one is appended.

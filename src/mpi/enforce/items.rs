@@ -1,7 +1,7 @@
 //! The entries the policy writes into a JobSet (C.3 to C.5), defined once as serializable types.
 //!
-//! The mutation serializes each once per JobSet and writes the bytes into every operation that
-//! carries it. Members are declared in the order they are written, the order of the spec.
+//! The mutation builds each once per JobSet, as the JSON every operation that carries it holds.
+//! Members are declared in the order they are written, the order of the spec.
 
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -99,11 +99,6 @@ impl SshAuthVolume {
             },
         }
     }
-
-    /// Its name, the key volumes are upserted by.
-    pub fn name(&self) -> &'static str {
-        self.name
-    }
 }
 
 impl HostfileVolume {
@@ -120,11 +115,6 @@ impl HostfileVolume {
                 }],
             },
         }
-    }
-
-    /// Its name, the key volumes are upserted by.
-    pub fn name(&self) -> &'static str {
-        self.name
     }
 }
 
