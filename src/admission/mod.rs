@@ -449,20 +449,28 @@ pub fn denial_review(uid: String, message: &str) -> Vec<u8> {
 }
 
 /// The response review as JSON bytes, with the patch as the base64 string the API expects (a
-/// Go `[]byte`; kube-core's serde writes the bytes as an array of numbers).
-fn review_bytes(response: AdmissionResponse) -> Vec<u8> {
+/// Go `[]byte`; kube-core's serde writes the bytes as an array of numbers), where kube-core
+/// puts it: before `patchType`.
+fn review_bytes(mut response: AdmissionResponse) -> Vec<u8> {
     use base64::Engine as _;
     let patch = response
         .patch
-        .as_deref()
+        .take()
         .map(|patch| base64::engine::general_purpose::STANDARD.encode(patch));
     let mut review = match serde_json::to_value(response.into_review()) {
         Ok(review) => review,
         // Plain strings, numbers and string-keyed maps: serializing them cannot fail.
         Err(_) => return FAIL_CLOSED_REVIEW.to_vec(),
     };
-    if let (Some(patch), Some(slot)) = (patch, review.pointer_mut("/response/patch")) {
-        *slot = Value::String(patch);
+    if let Some(patch) = patch {
+        let Some(Value::Object(response)) = review.get_mut("response") else {
+            return FAIL_CLOSED_REVIEW.to_vec();
+        };
+        let at = response
+            .keys()
+            .position(|key| key == "patchType")
+            .unwrap_or(response.len());
+        response.shift_insert(at, "patch".to_owned(), Value::String(patch));
     }
     serde_json::to_vec(&review).unwrap_or_else(|_| FAIL_CLOSED_REVIEW.to_vec())
 }

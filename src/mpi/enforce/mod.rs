@@ -72,7 +72,7 @@ pub fn enforce_mpi_policy(plan: &MpiPlan, jobset: &Value) -> Result<Patch, Mutat
         }
         let mut job = Job {
             base: child(&keys(["spec", "replicatedJobs"]), &[Token::Index(i)]),
-            doc: rjob.clone(),
+            doc: pruned(rjob, &REPLICATED_JOB),
             ops: &mut ops,
         };
         let role = match name {
@@ -85,6 +85,65 @@ pub fn enforce_mpi_policy(plan: &MpiPlan, jobset: &Value) -> Result<Patch, Mutat
         node_before |= name == NODE;
     }
     Ok(Patch(ops))
+}
+
+/// What of a value the policy reads or writes: all of it, or of an object only some members (of
+/// an array, those members of each element).
+enum Shape {
+    Whole,
+    Members(&'static [(&'static str, Shape)]),
+}
+
+/// What the policy reads or writes of a replicatedJob: the copy it works on holds only that.
+const REPLICATED_JOB: Shape = Shape::Members(&[
+    ("dependsOn", Shape::Whole),
+    (
+        "template",
+        Shape::Members(&[(
+            "spec",
+            Shape::Members(&[
+                ("parallelism", Shape::Whole),
+                ("completions", Shape::Whole),
+                (
+                    "template",
+                    Shape::Members(&[(
+                        "spec",
+                        Shape::Members(&[
+                            ("volumes", Shape::Whole),
+                            ("initContainers", Shape::Members(&[("name", Shape::Whole)])),
+                            ("containers", Shape::Members(CONTAINER)),
+                        ]),
+                    )]),
+                ),
+            ]),
+        )]),
+    ),
+]);
+
+/// What the policy reads or writes of a container.
+const CONTAINER: &[(&str, Shape)] = &[
+    ("name", Shape::Whole),
+    ("volumeMounts", Shape::Whole),
+    ("env", Shape::Whole),
+    ("command", Shape::Whole),
+    ("args", Shape::Whole),
+    ("readinessProbe", Shape::Whole),
+];
+
+/// The part of `value` that `shape` names, every JSON type kept where it is.
+fn pruned(value: &Value, shape: &Shape) -> Value {
+    match (shape, value) {
+        (Shape::Members(members), Value::Object(map)) => Value::Object(
+            members
+                .iter()
+                .filter_map(|(key, shape)| Some(((*key).to_owned(), pruned(map.get(*key)?, shape))))
+                .collect(),
+        ),
+        (Shape::Members(_), Value::Array(items)) => {
+            Value::Array(items.iter().map(|item| pruned(item, shape)).collect())
+        }
+        _ => value.clone(),
+    }
 }
 
 /// Which of the two replicatedJobs the policy wires.
@@ -194,8 +253,9 @@ fn names(list: Option<&Value>, name: &str) -> bool {
     })
 }
 
-/// The operations of one replicatedJob, made against a copy of it (`doc`, at `base` in the
-/// JobSet, whose every level exists) that each operation is applied to as it is made.
+/// The operations of one replicatedJob, made against a copy of what the policy reads of it
+/// (`doc`, at `base` in the JobSet, whose every level exists) that each operation is applied
+/// to as it is made.
 struct Job<'o> {
     base: Vec<Token>,
     doc: Value,
@@ -244,7 +304,9 @@ impl Job<'_> {
         {
             let init = child(&pod_spec, &keys(["initContainers"]));
             match self.get(&init) {
-                None | Some(Value::Null) => self.emit(false, &init, json!([container])),
+                None | Some(Value::Null) => {
+                    self.emit(false, &init, Value::Array(vec![container.clone()]));
+                }
                 Some(Value::Array(_)) if names(self.get(&init), PREFLIGHT_CONTAINER) => {}
                 Some(Value::Array(_)) => {
                     self.emit(false, &child(&init, &[Token::Index(0)]), container.clone());
@@ -378,7 +440,7 @@ impl Job<'_> {
     /// Upserts `item` into the list at `path`, matching entries on `key`.
     fn upsert(&mut self, path: &[Token], key: &str, item: &Value) -> Result<(), MutationError> {
         let list = match self.get(path) {
-            None | Some(Value::Null) => return self.set(path, json!([item])),
+            None | Some(Value::Null) => return self.set(path, Value::Array(vec![item.clone()])),
             Some(Value::Array(list)) => list,
             other => return Err(wrong_type(path, other, "an array")),
         };
@@ -394,17 +456,30 @@ impl Job<'_> {
     }
 }
 
-/// `path` as a JSON pointer.
+/// `path` as a JSON pointer, parsed in one go from its text: the member names are the policy's
+/// constants, none holding a `~` or a `/` to escape (token by token, should the text not parse).
 fn pointer(path: &[Token]) -> PointerBuf {
-    let mut pointer = PointerBuf::new();
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(96);
     for token in path {
         match token {
-            Token::Key(key) => pointer.push_back(*key),
-            Token::Index(i) => pointer.push_back(*i),
-            Token::End => pointer.push_back("-"),
+            Token::Key(key) => write!(text, "/{key}"),
+            Token::Index(i) => write!(text, "/{i}"),
+            Token::End => write!(text, "/-"),
         }
+        .ok();
     }
-    pointer
+    PointerBuf::parse(text).unwrap_or_else(|_| {
+        let mut pointer = PointerBuf::new();
+        for token in path {
+            match token {
+                Token::Key(key) => pointer.push_back(*key),
+                Token::Index(i) => pointer.push_back(*i),
+                Token::End => pointer.push_back("-"),
+            }
+        }
+        pointer
+    })
 }
 
 /// `path` dotted as Kubernetes writes field paths: `spec.replicatedJobs[1].template`.
