@@ -36,14 +36,14 @@ pub struct Request {
 
 /// An AdmissionReview. `apiVersion` and `kind` are checked after the read.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Review<'a> {
+#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
+struct Review<'a, O> {
     #[serde(borrow, default)]
     api_version: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
     kind: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
-    request: Option<JsonObject<RequestFields<'a>>>,
+    request: Option<JsonObject<RequestFields<'a, O>>>,
     /// Never sent by the apiserver in a request.
     #[serde(default)]
     #[allow(dead_code)]
@@ -53,9 +53,9 @@ struct Review<'a> {
 /// kube's `AdmissionRequest`, field for field: the members it requires are required here too;
 /// those no route reads are checked to be there and skipped.
 #[derive(Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", bound(deserialize = "O: Deserialize<'de>"))]
 #[allow(dead_code)]
-struct RequestFields<'a> {
+struct RequestFields<'a, O> {
     #[serde(borrow)]
     uid: Cow<'a, str>,
     #[serde(borrow)]
@@ -75,10 +75,10 @@ struct RequestFields<'a> {
     namespace: Option<Cow<'a, str>>,
     operation: Operation,
     user_info: IgnoredAny,
-    #[serde(borrow, default)]
-    object: Option<&'a RawValue>,
-    #[serde(borrow, default)]
-    old_object: Option<&'a RawValue>,
+    #[serde(default)]
+    object: Option<O>,
+    #[serde(default)]
+    old_object: Option<O>,
     #[serde(default)]
     dry_run: Option<IgnoredAny>,
     #[serde(default)]
@@ -121,12 +121,30 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
     }
 }
 
-/// Reads the request of an `admission.k8s.io/v1` AdmissionReview.
+/// An object as the read of a review takes it: a `Value` at once, or its text, parsed after.
+trait Object<'a>: Deserialize<'a> {
+    fn into_value(self) -> Result<Value, BadReview>;
+}
+
+impl Object<'_> for Value {
+    fn into_value(self) -> Result<Value, BadReview> {
+        Ok(self)
+    }
+}
+
+impl<'a> Object<'a> for &'a RawValue {
+    /// Valid JSON, read once already, nested less deeply than the review: it parses.
+    fn into_value(self) -> Result<Value, BadReview> {
+        serde_json::from_str(self.get()).map_err(|e| BadReview::NotJson(e.to_string()))
+    }
+}
+
+/// Reads the request of an `admission.k8s.io/v1` AdmissionReview, in one pass.
 ///
 /// # Errors
 /// [`BadReview`] when the body is not JSON, not an object, not such a review, or has no request.
 pub fn request(body: &[u8]) -> Result<Request, BadReview> {
-    request_then(body, |_| {})
+    read::<Value>(body, |_| {})
 }
 
 /// [`request`], calling `on_uid` with the request's uid as soon as the review around the
@@ -136,13 +154,20 @@ pub fn request(body: &[u8]) -> Result<Request, BadReview> {
 /// # Errors
 /// As [`request`].
 pub fn request_then(body: &[u8], on_uid: impl FnOnce(&str)) -> Result<Request, BadReview> {
+    read::<&RawValue>(body, on_uid)
+}
+
+fn read<'a, O: Object<'a>>(
+    body: &'a [u8],
+    on_uid: impl FnOnce(&str),
+) -> Result<Request, BadReview> {
     if !starts_an_object(body) {
         return Err(match serde_json::from_slice::<IgnoredAny>(body) {
             Ok(_) => BadReview::NotAnObject,
             Err(e) => BadReview::NotJson(e.to_string()),
         });
     }
-    let Review {
+    let Review::<O> {
         api_version,
         kind,
         request,
@@ -163,13 +188,8 @@ pub fn request_then(body: &[u8], on_uid: impl FnOnce(&str)) -> Result<Request, B
         return Err(BadReview::NoRequest);
     };
     on_uid(&fields.uid);
-    // Valid JSON, read once already, nested less deeply than the review: it parses.
-    let parse = |raw: Option<&RawValue>| {
-        raw.map(|raw| serde_json::from_str::<Value>(raw.get()))
-            .transpose()
-            .map_err(|e| BadReview::NotJson(e.to_string()))
-    };
-    let (object, old_object) = (parse(fields.object)?, parse(fields.old_object)?);
+    let object = fields.object.map(O::into_value).transpose()?;
+    let old_object = fields.old_object.map(O::into_value).transpose()?;
     let request = AdmissionRequest {
         types: TypeMeta {
             api_version: REVIEW_API_VERSION.to_owned(),

@@ -459,15 +459,14 @@ impl Job<'_> {
 /// `path` as a JSON pointer, parsed in one go from its text: the member names are the policy's
 /// constants, none holding a `~` or a `/` to escape (token by token, should the text not parse).
 fn pointer(path: &[Token]) -> PointerBuf {
-    use std::fmt::Write as _;
     let mut text = String::with_capacity(96);
     for token in path {
+        text.push('/');
         match token {
-            Token::Key(key) => write!(text, "/{key}"),
-            Token::Index(i) => write!(text, "/{i}"),
-            Token::End => write!(text, "/-"),
+            Token::Key(key) => text.push_str(key),
+            Token::Index(i) => text.push_str(&i.to_string()),
+            Token::End => text.push('-'),
         }
-        .ok();
     }
     PointerBuf::parse(text).unwrap_or_else(|_| {
         let mut pointer = PointerBuf::new();
