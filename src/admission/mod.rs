@@ -487,11 +487,13 @@ fn respond(req: &Request, verdict: Verdict) -> Reviewed {
             let patch = patch.filter(|p| !p.0.is_empty());
             let operations = patch.as_ref().map_or(0, |p| p.0.len());
             let response = with_warnings(AdmissionResponse::from(request), warnings);
-            match patch.map(|patch| response.clone().with_patch(patch)) {
+            match patch {
                 None => (response, Outcome::Allowed),
-                Some(Ok(patched)) => (patched, Outcome::Patched { operations }),
-                // A patch that cannot be written must not become an allowed answer without it.
-                Some(Err(error)) => internal(request, InternalError::Patch(error)),
+                Some(patch) => match response.with_patch(patch) {
+                    Ok(patched) => (patched, Outcome::Patched { operations }),
+                    // A patch that cannot be written must not become an allowed answer without it.
+                    Err(error) => internal(request, InternalError::Patch(error)),
+                },
             }
         }
         Verdict::Deny { message, warnings } => (
