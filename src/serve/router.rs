@@ -200,6 +200,8 @@ async fn answer<S: ObjectSource + 'static>(
     let Ok(Ok(permit)) =
         tokio::time::timeout_at(deadline, Arc::clone(&state.large_reviews).acquire_owned()).await
     else {
+        let body = Limited::new(request.into_body(), MAX_BODY_BYTES);
+        discard(body, deadline + DISCARD_GRACE).await;
         return Answer::Error(ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
             Outcome::Busy,
@@ -267,6 +269,17 @@ fn declared_length(request: &Request) -> Option<u64> {
         .and_then(|v| v.parse::<u64>().ok())
 }
 
+/// How long past its deadline an answer waits for the rest of a body it will not review.
+const DISCARD_GRACE: Duration = Duration::from_secs(1);
+
+/// Reads the rest of a body frame by frame and drops each, up to [`MAX_BODY_BYTES`] and until
+/// `until`, so that the client gets the answer and not a connection reset in the middle of
+/// sending its body. Costs no memory beyond one frame.
+async fn discard(mut body: Limited<axum::body::Body>, until: tokio::time::Instant) {
+    let drain = async { while let Some(Ok(_frame)) = body.frame().await {} };
+    let _ = tokio::time::timeout_at(until, drain).await;
+}
+
 async fn read_body(request: Request, deadline: tokio::time::Instant) -> Result<Bytes, ApiError> {
     let too_large = || {
         ApiError::new(
@@ -278,8 +291,8 @@ async fn read_body(request: Request, deadline: tokio::time::Instant) -> Result<B
     if declared_length(&request).is_some_and(|len| len > MAX_BODY_BYTES as u64) {
         return Err(too_large());
     }
-    let body = Limited::new(request.into_body(), MAX_BODY_BYTES);
-    match tokio::time::timeout_at(deadline, body.collect()).await {
+    let mut body = Limited::new(request.into_body(), MAX_BODY_BYTES);
+    match tokio::time::timeout_at(deadline, (&mut body).collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
         Ok(Err(e)) => Err(ApiError::new(
@@ -287,11 +300,14 @@ async fn read_body(request: Request, deadline: tokio::time::Instant) -> Result<B
             Outcome::BadRequest,
             format!("reading the request body failed: {e}"),
         )),
-        Err(_) => Err(ApiError::new(
-            StatusCode::REQUEST_TIMEOUT,
-            Outcome::Timeout,
-            "the request body did not arrive before the deadline",
-        )),
+        Err(_) => {
+            discard(body, deadline + DISCARD_GRACE).await;
+            Err(ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                Outcome::Timeout,
+                "the request body did not arrive before the deadline",
+            ))
+        }
     }
 }
 
