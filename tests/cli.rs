@@ -9,6 +9,8 @@ use base64::Engine;
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 
+#[path = "support/preflight.rs"]
+mod preflight;
 #[path = "support/pss.rs"]
 mod pss;
 
@@ -292,27 +294,7 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
             ("PRTE_MCA_plm_ssh_args", "-o ConnectionAttempts=10 -p 2222"),
         ]
     );
-    let preflight = serde_json::json!({
-        "name": "mpi-preflight",
-        "image": image,
-        "command": ["/usr/local/bin/mpi-webhook", "preflight", "--hostfile",
-                    "/etc/mpi/hostfile", "--port", "2222"],
-        "volumeMounts": [{"name": "mpi-hostfile", "mountPath": "/etc/mpi", "readOnly": true}],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "resources": {
-            "requests": {"cpu": "10m", "memory": "16Mi"},
-            "limits": {"cpu": "100m", "memory": "32Mi"}
-        },
-        "securityContext": {
-            "runAsNonRoot": true,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"}
-        }
-    });
+    let preflight = preflight::preflight_container(image, "2222");
     expected.push(serde_json::json!({
         "op": "add",
         "path": format!("{}/initContainers", pod(1)),

@@ -790,27 +790,7 @@ async fn defaulted(object: Value, image: &str) -> Value {
 }
 
 fn preflight(port: &str) -> Value {
-    json!({
-        "name": "mpi-preflight",
-        "image": IMAGE,
-        "command": ["/usr/local/bin/mpi-webhook", "preflight", "--hostfile", "/etc/mpi/hostfile",
-                    "--port", port],
-        "volumeMounts": [{"name": "mpi-hostfile", "mountPath": "/etc/mpi", "readOnly": true}],
-        "terminationMessagePolicy": "FallbackToLogsOnError",
-        "resources": {
-            "requests": {"cpu": "10m", "memory": "16Mi"},
-            "limits": {"cpu": "100m", "memory": "32Mi"}
-        },
-        "securityContext": {
-            "runAsNonRoot": true,
-            "runAsUser": 65532,
-            "runAsGroup": 65532,
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"}
-        }
-    })
+    crate::preflight::preflight_container(IMAGE, port)
 }
 
 #[tokio::test]

@@ -7,6 +7,8 @@ mod enforce;
 mod golden;
 mod jobset_mode;
 mod oracle;
+#[path = "../support/preflight.rs"]
+mod preflight;
 #[path = "../support/pss.rs"]
 mod pss;
 mod render;
