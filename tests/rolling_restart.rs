@@ -89,12 +89,7 @@ impl Replica {
             log,
         };
         let line = replica.wait_for_log("https_addr=").await;
-        let addr = line
-            .split("https_addr=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap();
-        replica.addr = addr.parse().unwrap();
+        replica.addr = https_addr(&line);
         replica
     }
 

@@ -86,12 +86,7 @@ impl Server {
             !line.contains('\u{1b}'),
             "escape codes in a log piped to a file: {line:?}"
         );
-        let addr = line
-            .split("https_addr=")
-            .nth(1)
-            .and_then(|rest| rest.split_whitespace().next())
-            .unwrap();
-        server.addr = addr.parse().unwrap();
+        server.addr = https_addr(&line);
         server
     }
 

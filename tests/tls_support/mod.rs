@@ -35,6 +35,16 @@ pub fn init() {
 }
 
 /// The repository root.
+/// The listening address `serve` logs at start-up (`... https_addr=127.0.0.1:PORT ...`).
+pub fn https_addr(log_line: &str) -> SocketAddr {
+    log_line
+        .split("https_addr=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|addr| addr.parse().ok())
+        .unwrap_or_else(|| panic!("no https_addr in {log_line:?}"))
+}
+
 pub fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
