@@ -1,7 +1,8 @@
 //! The deployment manifests (`manifests/`) against the code and the contract: every file parses,
 //! the webhook paths are the server's routes, the RBAC grants exactly `API_CALLS`, the pod is
 //! hardened as promised, every kustomization renders, and (through `tests/validate_manifests.py`)
-//! every rendered object validates against the Kubernetes schemas.
+//! every rendered object validates against the Kubernetes schemas; the sample JobSets, as the
+//! webhook patches them, are what the kube-apiserver takes.
 //!
 //! Tests that need `kubectl` or the `kubernetes-validate` Python package skip with a message when
 //! the tool is missing, and fail when `CI=true`.
@@ -15,6 +16,8 @@ use mpi_webhook::api_calls::{API_CALLS, RECONCILE, SERVE};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
+#[path = "support/pod_validation.rs"]
+mod pod_validation;
 #[path = "support/pss.rs"]
 mod pss;
 
@@ -1136,11 +1139,97 @@ fn the_optional_crd_overlay_admits_intel_and_mpich() {
 
 #[test]
 fn every_rendered_object_validates_against_the_kubernetes_schemas() {
+    validate_schemas(&[]);
+}
+
+/// The sample JobSets as `review mutate` patches them, with and without the pre-flight, are
+/// what the kube-apiserver takes: every replicatedJob's pod template passes its Pod and Job
+/// validation (`support/pod_validation.rs`), and the patched JobSet (the JobSet CRD's schema)
+/// and a Pod of each template (Kubernetes' schemas) validate strictly.
+#[test]
+fn patched_sample_jobsets_are_what_the_apiserver_takes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let mut files = Vec::new();
+    let reviews = data_files(&manifests().join("samples/reviews"));
+    let jobsets = reviews
+        .iter()
+        .filter(|path| docs(path)[0]["request"]["kind"]["kind"] == "JobSet");
+    for (n, review) in jobsets.enumerate() {
+        for image in ["", IMAGE] {
+            let mut jobset = docs(review).remove(0)["request"]["object"].take();
+            let patch = mutate(review, image);
+            json_patch::patch(&mut jobset, &patch).expect("the patch applies");
+            let name = jobset["metadata"]["name"]
+                .as_str()
+                .expect("name")
+                .to_owned();
+            let at = format!("{} (pre-flight image {image:?})", review.display());
+            let rjobs = jobset["spec"]["replicatedJobs"].as_array().expect("rjobs");
+            let mut pods = Vec::new();
+            for rjob in rjobs {
+                let template = &rjob["template"]["spec"]["template"];
+                let rjob = rjob["name"].as_str().expect("name");
+                assert_eq!(
+                    pod_validation::job_template_errors(template),
+                    Vec::<String>::new(),
+                    "{at}: replicatedJob {rjob}"
+                );
+                pods.push(json!({
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": format!("{name}-{rjob}")},
+                    "spec": template["spec"],
+                }));
+            }
+            for (what, objects) in [("jobset", vec![jobset]), ("pods", pods)] {
+                let file = tmp.path().join(format!("{n}-{}-{what}.json", image.len()));
+                let text = objects.iter().map(Value::to_string).collect::<Vec<_>>();
+                std::fs::write(&file, text.join("\n---\n")).expect("write");
+                files.push(file);
+            }
+        }
+    }
+    assert_eq!(files.len(), 4 * 2 * 2, "four sample JobSet reviews");
+    validate_schemas(&files);
+}
+
+/// The JSON patch `mpi-webhook review mutate` answers `review` with.
+fn mutate(review: &Path, preflight_image: &str) -> json_patch::Patch {
+    use base64::Engine as _;
+    let out = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"))
+        .args(["review", "mutate"])
+        .arg(review)
+        .args([
+            "--objects-dir",
+            "manifests",
+            "--preflight-image",
+            preflight_image,
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("mpi-webhook runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_slice(&out.stdout).expect("a JSON review");
+    assert_eq!(answer["response"]["allowed"], true, "{}", review.display());
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(answer["response"]["patch"].as_str().expect("a patch"))
+        .expect("base64");
+    serde_json::from_slice(&patch).expect("an RFC 6902 patch")
+}
+
+/// Runs `tests/validate_manifests.py` on `files`, or on the repository's manifests when there
+/// are none.
+fn validate_schemas(files: &[PathBuf]) {
     let Some(python) = tool("python3", &["--version"]) else {
         return;
     };
     let out = Command::new(python)
         .arg(repo().join("tests/validate_manifests.py"))
+        .args(files)
         .output()
         .expect("run tests/validate_manifests.py");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -14,6 +14,10 @@ CRD overlay and manifests/runtimes/, then validates each object:
 
 Also validates manifests/samples/*.yaml and the `request.object` of manifests/samples/reviews/*.json.
 
+With FILE arguments (`python3 tests/validate_manifests.py FILE...`), validates the documents of those
+YAML or JSON files instead, with the same schemas: tests/manifests.rs passes the sample JobSets as the
+webhook patches them, and a Pod of each of their pod templates.
+
 Exit status: 0 all valid, 1 something invalid, 77 a tool is missing and CI is not set (skipped).
 With CI=true a missing tool is a failure. Run from anywhere: `python3 tests/validate_manifests.py`.
 """
@@ -109,6 +113,27 @@ def crd_schemas(crds: list[dict]) -> dict[tuple[str, str], object]:
     return out
 
 
+def repository_documents() -> list[tuple[str, dict]]:
+    """The sample manifests and the objects of the sample AdmissionReviews."""
+    import yaml
+
+    sources: list[tuple[str, dict]] = []
+    for path in sorted((MANIFESTS / "samples").glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc is not None:
+                sources.append((str(path.relative_to(REPO)), doc))
+    for path in sorted((MANIFESTS / "samples" / "reviews").glob("*.json")):
+        review = json.loads(path.read_text())
+        problems = [
+            f for f in ("uid", "kind", "resource", "operation", "object") if f not in review.get("request", {})
+        ]
+        if review.get("apiVersion") != "admission.k8s.io/v1" or review.get("kind") != "AdmissionReview" or problems:
+            print(f"FAIL {path.relative_to(REPO)}: not an admission.k8s.io/v1 AdmissionReview request {problems}")
+            sys.exit(1)
+        sources.append((f"{path.relative_to(REPO)} request.object", review["request"]["object"]))
+    return sources
+
+
 def main() -> int:
     kubectl = shutil.which("kubectl")
     if kubectl is None:
@@ -124,28 +149,22 @@ def main() -> int:
     # Every validate() call re-reads the (large) definitions file; read each file once.
     kv_utils.schema_contents = functools.lru_cache(maxsize=None)(kv_utils.schema_contents)
 
-    sources: list[tuple[str, dict]] = []
+    rendered: list[tuple[str, dict]] = []
     for path in RENDERED:
         for doc in kustomize(kubectl, path):
-            sources.append((f"kustomize manifests/{path}", doc))
-    for path in sorted((MANIFESTS / "samples").glob("*.yaml")):
-        for doc in yaml.safe_load_all(path.read_text()):
-            if doc is not None:
-                sources.append((str(path.relative_to(REPO)), doc))
-    for path in sorted((MANIFESTS / "samples" / "reviews").glob("*.json")):
-        review = json.loads(path.read_text())
-        problems = [
-            f for f in ("uid", "kind", "resource", "operation", "object") if f not in review.get("request", {})
-        ]
-        if review.get("apiVersion") != "admission.k8s.io/v1" or review.get("kind") != "AdmissionReview" or problems:
-            print(f"FAIL {path.relative_to(REPO)}: not an admission.k8s.io/v1 AdmissionReview request {problems}")
-            return 1
-        sources.append((f"{path.relative_to(REPO)} request.object", review["request"]["object"]))
-
-    crds = [doc for _, doc in sources if doc.get("kind") == "CustomResourceDefinition"]
+            rendered.append((f"kustomize manifests/{path}", doc))
+    crds = [doc for _, doc in rendered if doc.get("kind") == "CustomResourceDefinition"]
     for rel in UPSTREAM_CRDS:
         crds.extend(d for d in yaml.safe_load_all((UPSTREAM / rel).read_text()) if d)
     by_kind = crd_schemas(crds)
+
+    if len(sys.argv) > 1:
+        sources = [(path, doc) for path in sys.argv[1:] for doc in yaml.safe_load_all(Path(path).read_text()) if doc is not None]
+    else:
+        sources = rendered + repository_documents()
+    if not all(isinstance(doc, dict) for _, doc in sources):
+        print("FAIL: a document that is not an object")
+        return 1
 
     passed = failed = 0
     unchecked: set[str] = set()
