@@ -59,29 +59,25 @@ fn text(value: &Value) -> &str {
     value.as_str().unwrap_or_default()
 }
 
-fn is_dns1123_label(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !name.is_empty()
-        && name.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
-        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
-}
-
-/// `IsValidPortName`: at most 15 characters, lower case letters, digits and '-', at least one
-/// letter, no '-' at either end nor two in a row.
-fn is_port_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !name.is_empty()
-        && name.len() <= 15
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.iter().any(u8::is_ascii_lowercase)
+/// Lower case letters, digits and '-', and at most `max` of them, neither end a '-': what both
+/// a DNS-1123 label and a port name are made of.
+fn is_lower_alnum_dash(name: &str, max: usize) -> bool {
+    (1..=max).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !name.starts_with('-')
         && !name.ends_with('-')
+}
+
+fn is_dns1123_label(name: &str) -> bool {
+    is_lower_alnum_dash(name, 63)
+}
+
+/// `IsValidPortName`: at most 15 characters, at least one letter, no two '-' in a row.
+fn is_port_name(name: &str) -> bool {
+    is_lower_alnum_dash(name, 15)
+        && name.bytes().any(|b| b.is_ascii_lowercase())
         && !name.contains("--")
 }
 
