@@ -1314,3 +1314,83 @@ fn the_docker_build_context_holds_every_compiled_in_file() {
         }
     }
 }
+
+/// The Docker image's build, replayed without Docker: the builder stage's `COPY`s, of what
+/// `.dockerignore` lets into the context, into an empty directory, the stub sources its first
+/// `RUN` writes, and at each `RUN` a `cargo fetch --locked --offline`, which refuses a manifest
+/// naming a file the build does not have (a bench, a build script) as `cargo build` would.
+#[test]
+fn the_dockerfile_builder_stage_has_every_file_cargo_needs() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
+    let context: Vec<&str> = ignore
+        .lines()
+        .filter_map(|l| l.strip_prefix('!'))
+        .map(|p| p.trim_end_matches('/'))
+        .collect();
+    let instructions = dockerfile.replace("\\\n", " ");
+    let builder: Vec<&str> = instructions
+        .lines()
+        .map(str::trim)
+        .skip_while(|l| !(l.starts_with("FROM ") && l.ends_with(" AS builder")))
+        .skip(1)
+        .take_while(|l| !l.starts_with("FROM "))
+        .filter(|l| l.starts_with("COPY ") || l.starts_with("RUN "))
+        .collect();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let build = tmp.path();
+    let mut runs = 0;
+    for instruction in builder {
+        let words: Vec<&str> = instruction.split_whitespace().skip(1).collect();
+        if instruction.starts_with("COPY ") {
+            let (dest, sources) = words.split_last().expect("COPY names a destination");
+            for source in sources {
+                assert!(
+                    !source.starts_with("--"),
+                    "{instruction}: no COPY flags here"
+                );
+                assert!(
+                    context.iter().any(|c| Path::new(source).starts_with(c)),
+                    "{instruction}: {source} is kept out of the build context by .dockerignore"
+                );
+                let from = repo().join(source);
+                let to = if dest.ends_with('/') {
+                    build.join(dest).join(from.file_name().expect("a name"))
+                } else {
+                    build.join(dest)
+                };
+                if from.is_dir() {
+                    copy_dir(&from, &to);
+                } else {
+                    std::fs::create_dir_all(to.parent().expect("parent")).expect("mkdir");
+                    std::fs::copy(&from, &to).expect("copy");
+                }
+            }
+            continue;
+        }
+        if runs == 0 {
+            // What the dependency layer's RUN writes before it builds.
+            assert!(instruction.contains("echo 'fn main() {}' > src/main.rs"));
+            assert!(instruction.contains("touch src/lib.rs"));
+            std::fs::create_dir_all(build.join("src")).expect("mkdir");
+            std::fs::write(build.join("src/main.rs"), "fn main() {}").expect("write");
+            std::fs::write(build.join("src/lib.rs"), "").expect("write");
+        }
+        assert!(instruction.contains("cargo build --release --locked"));
+        let out = Command::new(env!("CARGO"))
+            .args(["fetch", "--locked", "--offline"])
+            .current_dir(build)
+            .output()
+            .expect("cargo runs");
+        assert!(
+            out.status.success(),
+            "the image build's `{instruction}` would fail:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if instruction.contains("rm -rf src") {
+            std::fs::remove_dir_all(build.join("src")).expect("rm src");
+        }
+        runs += 1;
+    }
+    assert_eq!(runs, 2, "a dependency layer and the crate's build");
+}
