@@ -1,4 +1,4 @@
-//! Instructions per review, counted by callgrind (issue 16): the whole review as `serve` answers
+//! Instructions per review, counted by callgrind: the whole review as `serve` answers
 //! it (read the AdmissionReview bytes, look up, decide, write the response), in-process, without
 //! HTTP or TLS. Unlike a timing, a count does not move with the load of a shared machine, so a
 //! before/after comparison holds to a fraction of a percent.

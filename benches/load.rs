@@ -1,4 +1,4 @@
-//! HTTPS load benchmark of `mpi-webhook serve` against a baseline (issue 6, item 2).
+//! HTTPS load benchmark of `mpi-webhook serve` against a baseline.
 //!
 //! `cargo bench --bench load` builds the release binary, then, all on 127.0.0.1:
 //! 1. writes a dev CA and serving certificate with `mpi-webhook certs`;

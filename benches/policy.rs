@@ -1,4 +1,4 @@
-//! Criterion benchmarks of the pure MPI policy (issue 6, item 1): what one admission or one
+//! Criterion benchmarks of the pure MPI policy: what one admission or one
 //! reconcile costs in CPU, without HTTP or TLS.
 //!
 //! `cargo bench --bench policy` measures; `cargo test --benches` (and clippy) only build it and

@@ -1,5 +1,4 @@
-//! Scale benchmark of `mpi-webhook reconcile` against an in-process fake API server (issue 6,
-//! item 4).
+//! Scale benchmark of `mpi-webhook reconcile` against an in-process fake API server.
 //!
 //! `cargo bench --bench reconciler` builds the release binary, then, all on 127.0.0.1:
 //! 1. starts the fake Kubernetes API server of `tests/fake_apiserver/` (plain HTTP/1.1, objects

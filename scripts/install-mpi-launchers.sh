@@ -9,7 +9,7 @@
 # Cache folder: $MPI_LAUNCHERS_DIR, default /opt/mpi-launchers (the test reads the same variable with
 # the same default). A second run changes nothing and takes seconds.
 #
-# Why not under the clone (issue 27): the test runs TrainJob mode's pods as uid 1000, like Trainer's
+# Why not under the clone: the test runs TrainJob mode's pods as uid 1000, like Trainer's
 # runtimes, and those pods run the wheels' launchers and daemons (Open MPI 5's mpirun, prted) from this
 # folder, as an image would from /opt. A clone under a 0700 folder (what `mktemp -d` makes) is not
 # searchable by uid 1000: Open MPI 5's mpirun wrapper cannot resolve its own path and exits 255

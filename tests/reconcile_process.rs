@@ -1,7 +1,7 @@
 //! The real `mpi-webhook reconcile` process against the fake API server of `fake_apiserver/`
 //! (server-side apply with field ownership, the shipped RBAC of `manifests/base/rbac.yaml` and
 //! the OwnerReferencesPermissionEnforcement admission plugin on), with Kubeflow Trainer's writes
-//! simulated in process: the reconciler never fights Trainer (Decision 16, issue 13).
+//! simulated in process: the reconciler never fights Trainer (Decision 16).
 //!
 //! Every wait is bounded ([`TIMEOUT`]) and polls the fake's state or the reconciler's
 //! `/metrics`; nothing asserts a duration. The fake's own tests are included at the end.
@@ -522,7 +522,7 @@ async fn without_the_finalizers_grant_the_plugin_refuses_every_object() {
     assert!(api.get(CONFIGMAPS, &configmap_key()).is_err());
 }
 
-/// JobSet mode (issue 14): the shipped OpenMPI sample JobSet, with the shipped RBAC and
+/// JobSet mode: the shipped OpenMPI sample JobSet, with the shipped RBAC and
 /// OwnerReferencesPermissionEnforcement on, gets its Secret and hostfile owned by the JobSet.
 #[tokio::test]
 async fn a_jobset_mode_jobset_gets_its_objects_owned_by_the_jobset() {

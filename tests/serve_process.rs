@@ -374,7 +374,7 @@ fn peak_rss(pid: u32) -> u64 {
 /// everything still arriving.
 const PEAK_RSS_BOUND: u64 = 384 * 1024 * 1024;
 
-/// Issue 17: 64 bodies of 7 MiB at once. The async workers keep answering `/healthz` and small
+/// 64 bodies of 7 MiB at once. The async workers keep answering `/healthz` and small
 /// reviews within a second meanwhile, every large body gets one of the documented answers before
 /// its deadline (its review, a fail-closed denial, 408 or 503 busy), and serve's peak memory
 /// stays under the stated bound.

@@ -356,7 +356,7 @@ fn finish(route: Route, metrics: &Metrics, answer: Answer, started: Instant) -> 
 
 /// Logs a reviewed request with what identifies it: denials at info, internal errors at error,
 /// the rest at debug. Events carry their fields themselves; a span per request would format its
-/// fields on every request, logged or not (issue 6).
+/// fields on every request, logged or not.
 fn reviewed_response(
     route: Route,
     reviewed: Reviewed,

@@ -500,7 +500,7 @@ impl Cluster {
             sh_quote(&p.plan.hostname)
         );
         // The container runtime starts the command in the container's workingDir, else the
-        // image's (none here): "/". Never the test's own directory (issue 27): the launchers pass
+        // image's (none here): "/". Never the test's own directory: the launchers pass
         // their working directory on to the daemons they start on the workers (Hydra's proxies,
         // PRRTE's prted), and a clone under a 0700 folder is not enterable by uid 1000.
         let _ = writeln!(

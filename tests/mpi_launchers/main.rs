@@ -1,4 +1,4 @@
-//! Issue 7: prove mpi-webhook's wiring on real MPI launchers (Open MPI 4 and 5, MPICH 4 and 5,
+//! Proves mpi-webhook's wiring on real MPI launchers (Open MPI 4 and 5, MPICH 4 and 5,
 //! Intel MPI).
 //!
 //! For each launcher and each runLauncherAsNode mode, a TrainJob with numNodes 3 goes through the
@@ -14,7 +14,7 @@
 //! `/home/mpiuser/.ssh`, sshd on 2222), with kubelet's fsGroup treatment of the Secret volume:
 //! that is how upstream's `id_rsa` mode 0640, which TrainJob mode keeps, is usable by ssh.
 //!
-//! JobSet mode (issue 14) starts from a plain JobSet labelled `mpi-webhook.io/implementation`
+//! JobSet mode starts from a plain JobSet labelled `mpi-webhook.io/implementation`
 //! instead: the same CLI (`render --objects-dir` with the JobSet in it, `review mutate` without
 //! objects), pods running as root without `fsGroup`, SSH files under the default `/root/.ssh`,
 //! sshd on 22. That is the case JobSet mode's `id_rsa` 0600 is for (Decision 18): the key is
@@ -423,7 +423,7 @@ fn scenario(
         &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
         LAUNCH_TIMEOUT,
     )?;
-    // Issue 27: a launcher that fails must say why. Run it once more, verbose, with the ssh client
+    // A launcher that fails must say why. Run it once more, verbose, with the ssh client
     // verbose too (` -v` on every ssh-args variable the env has), and keep what it says: the
     // rerun is diagnostics only, its result never counts.
     let diagnostics = if out.success() || wiring == Wiring::GroupReadableKey {

@@ -105,7 +105,7 @@ pub fn missing_for(l: &Launcher) -> Vec<String> {
         ));
         return missing;
     }
-    // Issue 27: TrainJob mode's pods run as a non-root user, and run the launcher and its daemons
+    // TrainJob mode's pods run as a non-root user, and run the launcher and its daemons
     // (prted, hydra_pmi_proxy) from its folder. A folder on that path the user cannot search (a
     // clone under a 0700 `mktemp -d` folder) makes Open MPI 5's mpirun exit 255 in silence; ask
     // the kernel itself, as that user, before any case runs.

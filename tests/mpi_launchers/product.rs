@@ -17,7 +17,7 @@ use crate::proc;
 pub const NAMESPACE: &str = "mpiw";
 /// numProcPerNode of every test runtime: 2, so that "slots" is visible in the placement.
 pub const SLOTS: u32 = 2;
-/// The TrainJob's spec.trainer.numNodes (issue 7: numNodes 3).
+/// The TrainJob's spec.trainer.numNodes (numNodes 3).
 pub const NUM_NODES: u32 = 3;
 
 /// Which of mpi-webhook's modes a scenario runs, and so how its pods run.
@@ -27,7 +27,7 @@ pub enum Mode {
     /// (`deepspeed-distributed`, `mlx-distributed`), which run launcher and workers as user 1000
     /// with `fsGroup: 1000` and mount the SSH Secret at `/home/mpiuser/.ssh`.
     TrainJob,
-    /// A plain JobSet labelled `mpi-webhook.io/implementation` (issue 14, Decision 18), its pods
+    /// A plain JobSet labelled `mpi-webhook.io/implementation` (Decision 18), its pods
     /// running as root without `fsGroup`, the SSH Secret at the default `/root/.ssh`: the case
     /// JobSet mode's `id_rsa` 0600 is for.
     JobSet(JobSetShape),

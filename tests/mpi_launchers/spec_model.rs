@@ -1,7 +1,7 @@
 //! Development stand-in for the product, selected with `MPI_LAUNCHERS_PRODUCT=spec` (refused under
 //! CI): the Secret, hostfile and JobSet changes written by hand from the behaviour spec (sections C, D
 //! and Decisions 5 and 16) *with the changes this test showed the launchers need* (marked
-//! "issue 7" below). It lets a failure be told apart: the spec (or the environment) vs. the
+//! "launchers:" below). It lets a failure be told apart: the spec (or the environment) vs. the
 //! implementation. Never the default.
 
 use std::path::Path;
@@ -81,7 +81,7 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
     for (rname, count) in &rjobs {
         for p in 0..*count {
             let short = format!("{name}-{rname}-0-{p}");
-            // issue 7: Hydra (MPICH 4.0, Intel MPI 2021) recognizes the launcher's own line as
+            // launchers: Hydra (MPICH 4.0, Intel MPI 2021) recognizes the launcher's own line as
             // local only by its hostname; `<pod>.<subdomain>` makes it ssh to itself.
             let host = if rname == "launcher" && imp != "OpenMPI" {
                 short
@@ -107,7 +107,7 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
     });
 
     // TrainJob mode: upstream's 0640 (Decision 16); the pods run as user 1000 with fsGroup, so
-    // the key is root's and readable through the group, which ssh accepts. (issue 7 found that a
+    // the key is root's and readable through the group, which ssh accepts. (this test found that a
     // root launcher needs 0600: that is JobSet mode's, Decision 18.)
     let key_mode: u64 = 0o640;
     let ssh_vol = json!({"name": "mpi-ssh-auth", "secret": {
@@ -139,13 +139,13 @@ pub fn run(inputs: &Inputs, work: &Path) -> Result<Products> {
                 "-o ConnectionAttempts=10",
             ),
             ("I_MPI_PERHOST", &s),
-            // issue 7: workers call back to the launcher's hostname, which pods cannot resolve.
+            // launchers: workers call back to the launcher's hostname, which pods cannot resolve.
             ("I_MPI_HYDRA_IFACE", "eth0"),
         ],
         _ => vec![
             ("HYDRA_HOST_FILE", "/etc/mpi/hostfile"),
             ("HYDRA_LAUNCHER_EXTRA_ARGS", "-o ConnectionAttempts=10"),
-            // issue 7: as for Intel.
+            // launchers: as for Intel.
             ("HYDRA_IFACE", "eth0"),
         ],
     };

@@ -769,7 +769,7 @@ fn edited(value: &Value, at: &str, with: Option<&Value>) -> Value {
 }
 
 /// A patch the webhook returns applies to the object it was computed for: the kube-apiserver
-/// fails the user's request with an internal error otherwise (issue 18).
+/// fails the user's request with an internal error otherwise.
 fn assert_patch_applies(review: &Value, response: &Value) {
     let Some(patch) = response["response"]["patch"].as_str() else {
         return;
@@ -784,7 +784,7 @@ fn assert_patch_applies(review: &Value, response: &Value) {
     }
 }
 
-/// Issue 18: a pod template `spec` that is an array, at any depth, is denied naming the field;
+/// A pod template `spec` that is an array, at any depth, is denied naming the field;
 /// it never gets a patch that cannot apply.
 #[tokio::test]
 async fn an_array_where_the_pod_spec_belongs_is_denied_at_any_depth() {

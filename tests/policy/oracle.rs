@@ -246,7 +246,7 @@ impl Patcher {
                 }
                 // An array only where the path indexes into one (the replicatedJobs and the
                 // lists the policy upserts into); an array where a member name follows is the
-                // wrong type, not a place to write (issue 18: a patch that would not apply).
+                // wrong type, not a place to write (a patch that would not apply).
                 Some(Value::Array(_)) if matches!(path[depth], Token::Index(_) | Token::End) => {}
                 other => return Err(wrong_type(parent, other, "an object")),
             }
