@@ -1193,6 +1193,43 @@ fn patched_sample_jobsets_are_what_the_apiserver_takes() {
     validate_schemas(&files);
 }
 
+/// What the reconciler writes, as `render --network-policy-default` prints it for every MPI
+/// TrainJob and JobSet-mode JobSet under `manifests/` (the Secret, the ConfigMap and the
+/// NetworkPolicy of each), validates strictly against Kubernetes' schemas.
+#[test]
+fn the_reconcilers_objects_validate_against_the_kubernetes_schemas() {
+    let out = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"))
+        .args([
+            "render",
+            "--objects-dir",
+            "manifests",
+            "--network-policy-default",
+        ])
+        .current_dir(repo())
+        .output()
+        .expect("mpi-webhook runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let objects: Vec<Value> =
+        serde_saphyr::from_str_multiple(&text).expect("render prints YAML documents");
+    let kinds: BTreeSet<&str> = objects
+        .iter()
+        .map(|o| o["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(
+        kinds,
+        BTreeSet::from(["ConfigMap", "NetworkPolicy", "Secret"])
+    );
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let file = tmp.path().join("rendered.yaml");
+    std::fs::write(&file, text).expect("write");
+    validate_schemas(&[file]);
+}
+
 /// The JSON patch `mpi-webhook review mutate` answers `review` with.
 fn mutate(review: &Path, preflight_image: &str) -> json_patch::Patch {
     use base64::Engine as _;
