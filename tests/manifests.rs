@@ -1198,22 +1198,13 @@ fn patched_sample_jobsets_are_what_the_apiserver_takes() {
 /// NetworkPolicy of each), validates strictly against Kubernetes' schemas.
 #[test]
 fn the_reconcilers_objects_validate_against_the_kubernetes_schemas() {
-    let out = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"))
-        .args([
-            "render",
-            "--objects-dir",
-            "manifests",
-            "--network-policy-default",
-        ])
-        .current_dir(repo())
-        .output()
-        .expect("mpi-webhook runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("utf-8");
+    let out = mpi_webhook(&[
+        "render",
+        "--objects-dir",
+        "manifests",
+        "--network-policy-default",
+    ]);
+    let text = String::from_utf8(out).expect("utf-8");
     let objects: Vec<Value> =
         serde_saphyr::from_str_multiple(&text).expect("render prints YAML documents");
     let kinds: BTreeSet<&str> = objects
@@ -1233,29 +1224,38 @@ fn the_reconcilers_objects_validate_against_the_kubernetes_schemas() {
 /// The JSON patch `mpi-webhook review mutate` answers `review` with.
 fn mutate(review: &Path, preflight_image: &str) -> json_patch::Patch {
     use base64::Engine as _;
+    let review = review.to_str().expect("a UTF-8 path");
+    let out = mpi_webhook(&[
+        "review",
+        "mutate",
+        review,
+        "--objects-dir",
+        "manifests",
+        "--preflight-image",
+        preflight_image,
+    ]);
+    let answer: Value = serde_json::from_slice(&out).expect("a JSON review");
+    assert_eq!(answer["response"]["allowed"], true, "{review}");
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(answer["response"]["patch"].as_str().expect("a patch"))
+        .expect("base64");
+    serde_json::from_slice(&patch).expect("an RFC 6902 patch")
+}
+
+/// What `mpi-webhook ARGS`, run from the repository root, prints; it must succeed.
+fn mpi_webhook(args: &[&str]) -> Vec<u8> {
     let out = Command::new(env!("CARGO_BIN_EXE_mpi-webhook"))
-        .args(["review", "mutate"])
-        .arg(review)
-        .args([
-            "--objects-dir",
-            "manifests",
-            "--preflight-image",
-            preflight_image,
-        ])
+        .args(args)
         .current_dir(repo())
         .output()
         .expect("mpi-webhook runs");
     assert!(
         out.status.success(),
-        "{}",
+        "mpi-webhook {}: {}",
+        args.join(" "),
         String::from_utf8_lossy(&out.stderr)
     );
-    let answer: Value = serde_json::from_slice(&out.stdout).expect("a JSON review");
-    assert_eq!(answer["response"]["allowed"], true, "{}", review.display());
-    let patch = base64::engine::general_purpose::STANDARD
-        .decode(answer["response"]["patch"].as_str().expect("a patch"))
-        .expect("base64");
-    serde_json::from_slice(&patch).expect("an RFC 6902 patch")
+    out.stdout
 }
 
 /// Runs `tests/validate_manifests.py` on `files`, or on the repository's manifests when there
