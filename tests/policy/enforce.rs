@@ -442,7 +442,8 @@ fn subdomain_and_replicas_shape_endpoint_names() {
 
 /// One writer mutates a JobSet as Trainer creates it, one already wired (a reinvocation, a second
 /// webhook pass), one missing a level and one with a value of the wrong type; [`enforce`] checks
-/// each answer against the reference (`oracle.rs`), byte for byte.
+/// each answer against the golden corpus, operation for operation, and the reference
+/// (`oracle.rs`): the JobSet it makes, or its error.
 #[test]
 fn fresh_wired_incomplete_and_wrong_jobsets_are_written_as_the_reference_writes_them() {
     let rt = runtime(

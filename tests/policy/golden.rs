@@ -1,8 +1,8 @@
 //! The golden corpus: the exact answers of the JobSet writer and of whole reviews, recorded once
 //! from the writer `serve` shipped before the admission core was rewritten on `serde_json::Value`
 //! and `json_patch` (tests/fixtures/golden/). Every differential test compares what `serve`
-//! answers now with what it answered then, operation for operation; `oracle.rs` stays the
-//! readable statement of the same rules.
+//! answers now with what it answered then, operation for operation; `oracle.rs` states what the
+//! patched JobSet must then be.
 //!
 //! Each case is keyed by a SHA-256 of its input: for the writer, the JobSet's JSON text and what
 //! the oracle reads of the plan ([`plan_fingerprint`]); for a review, the route, the options and

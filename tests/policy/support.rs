@@ -84,10 +84,10 @@ pub fn jobset(runtime: &Value, train_job: &Value) -> Value {
     })
 }
 
-/// The JobSet mutation as `serve` writes it, checked against the reference (`oracle.rs`): the
-/// same patch, byte for byte, or the same error. Returns the reference's operations.
+/// The JobSet mutation as `serve` writes it, checked against the golden corpus (its operations)
+/// and the reference (`oracle.rs`: the patch applied makes the JobSet the reference makes, and
+/// is empty exactly when the JobSet already is that), or the same error. Returns the operations.
 pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, MutationError> {
-    let reference = super::oracle::enforce_mpi_policy(plan, jobset);
     let written = written_patch(plan, jobset);
     let answer = match &written {
         Ok(patch) => json!({"ok": patch}),
@@ -98,20 +98,37 @@ pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, Mu
         &super::golden::enforce_key(plan, jobset),
         &answer,
     );
-    match (&reference, written) {
-        (Ok(ops), Ok(written)) => {
+    let ops = written.as_ref().map(|p| p.0.as_slice());
+    assert_wires_as_the_reference(plan, jobset, ops.map_err(ToString::to_string));
+    written.map(|patch| patch.0)
+}
+
+/// Checks `written`, the writer's operations for `jobset` or its error's message, against the
+/// reference.
+pub fn assert_wires_as_the_reference(
+    plan: &MpiPlan,
+    jobset: &Value,
+    written: Result<&[PatchOperation], String>,
+) {
+    match (super::oracle::wired(plan, jobset), written) {
+        (Ok(expected), Ok(ops)) => {
+            let mut patched = jobset.clone();
+            json_patch::patch(&mut patched, ops).expect("the writer's patch applies");
             assert_eq!(
-                serde_json::to_string(&written).expect("serializes"),
-                serde_json::to_string(ops).expect("serializes"),
-                "the writer writes the reference's patch, byte for byte"
+                patched, expected,
+                "the writer's patch wires the JobSet as the reference does"
+            );
+            assert_eq!(
+                ops.is_empty(),
+                &expected == jobset,
+                "a patch exactly when something changes: {ops:?}"
             );
         }
-        (Err(expected), Err(written)) => assert_eq!(&written, expected),
+        (Err(expected), Err(written)) => assert_eq!(written, expected.to_string()),
         (expected, written) => {
             panic!("the writer and the reference disagree: {written:?}, not {expected:?}")
         }
     }
-    reference
 }
 
 /// The patch `serve` writes for `jobset`.

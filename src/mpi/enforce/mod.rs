@@ -8,8 +8,9 @@
 //! or parent object is added with the entry inside. Each replicatedJob is worked on in a copy the
 //! operations are applied to as they are made, so later operations see earlier ones. Applying
 //! the patch and mutating again yields no operations. One writer serves TrainJob mode and JobSet
-//! mode; `tests/policy/oracle.rs` states the same rules on its own, and the golden corpus
-//! (`tests/fixtures/golden/`) holds the patches every differential case gets.
+//! mode; `tests/policy/oracle.rs` states the same rules on its own, as the JobSet they make
+//! (edited in place, no operations), and the golden corpus (`tests/fixtures/golden/`) holds the
+//! patches every differential case gets.
 
 mod items;
 
