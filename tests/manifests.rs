@@ -1354,8 +1354,9 @@ fn the_docker_build_context_holds_every_compiled_in_file() {
 
 /// The Docker image's build, replayed without Docker: the builder stage's `COPY`s, of what
 /// `.dockerignore` lets into the context, into an empty directory, the stub sources its first
-/// `RUN` writes, and at each `RUN` a `cargo fetch --locked --offline`, which refuses a manifest
-/// naming a file the build does not have (a bench, a build script) as `cargo build` would.
+/// `RUN` writes, and at each `RUN` a `cargo fetch --locked --offline` for this machine's target,
+/// which refuses a manifest naming a file the build does not have (a bench, a build script) as
+/// `cargo build` would, before it looks for any package.
 #[test]
 fn the_dockerfile_builder_stage_has_every_file_cargo_needs() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
@@ -1374,6 +1375,14 @@ fn the_dockerfile_builder_stage_has_every_file_cargo_needs() {
         .take_while(|l| !l.starts_with("FROM "))
         .filter(|l| l.starts_with("COPY ") || l.starts_with("RUN "))
         .collect();
+    let rustc = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc runs");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .expect("rustc -vV names the host");
     let tmp = tempfile::tempdir().expect("tempdir");
     let build = tmp.path();
     let mut runs = 0;
@@ -1414,8 +1423,9 @@ fn the_dockerfile_builder_stage_has_every_file_cargo_needs() {
             std::fs::write(build.join("src/lib.rs"), "").expect("write");
         }
         assert!(instruction.contains("cargo build --release --locked"));
+        // This machine's target only: what the test build has downloaded already.
         let out = Command::new(env!("CARGO"))
-            .args(["fetch", "--locked", "--offline"])
+            .args(["fetch", "--locked", "--offline", "--target", &host])
             .current_dir(build)
             .output()
             .expect("cargo runs");
