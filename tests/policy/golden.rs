@@ -146,8 +146,11 @@ pub fn check(kind: &'static str, key: &str, answer: &Value) {
         );
     };
     // Byte for byte, the order of members included (`Value`s compare objects as unordered maps).
-    let text = answer.to_string();
-    if !recorded.iter().any(|&i| answers[i].to_string() == text) {
+    let text = serde_json::to_string(answer).ok();
+    if !recorded
+        .iter()
+        .any(|&i| serde_json::to_string(&answers[i]).ok() == text)
+    {
         let recorded: Vec<&Value> = recorded.iter().map(|&i| &answers[i]).collect();
         panic!(
             "the answer differs from the golden corpus (key {key})\nnow: {answer}\nrecorded: {}",
