@@ -1308,16 +1308,21 @@ fn the_dockerfile_builds_with_the_ci_command_and_exposes_the_pods_ports() {
     assert_eq!(exposed, ports);
 }
 
+/// The paths `.dockerignore` lets into the Docker build context: an allowlist after `*`.
+fn docker_context() -> Vec<String> {
+    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
+    ignore
+        .lines()
+        .filter_map(|l| l.strip_prefix('!'))
+        .map(|p| p.trim_end_matches('/').to_owned())
+        .collect()
+}
+
 /// Every file the crate compiles in (`include_str!`, `include_bytes!`) must be in the Docker build
 /// context, which `.dockerignore` limits to an allowlist.
 #[test]
 fn the_docker_build_context_holds_every_compiled_in_file() {
-    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
-    let allowed: Vec<&str> = ignore
-        .lines()
-        .filter_map(|l| l.strip_prefix('!'))
-        .map(|p| p.trim_end_matches('/'))
-        .collect();
+    let allowed = docker_context();
     let mut sources = Vec::new();
     let mut stack = vec![repo().join("src")];
     while let Some(dir) = stack.pop() {
@@ -1360,12 +1365,7 @@ fn the_docker_build_context_holds_every_compiled_in_file() {
 #[test]
 fn the_dockerfile_builder_stage_has_every_file_cargo_needs() {
     let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
-    let ignore = std::fs::read_to_string(repo().join(".dockerignore")).expect(".dockerignore");
-    let context: Vec<&str> = ignore
-        .lines()
-        .filter_map(|l| l.strip_prefix('!'))
-        .map(|p| p.trim_end_matches('/'))
-        .collect();
+    let context = docker_context();
     let instructions = dockerfile.replace("\\\n", " ");
     let builder: Vec<&str> = instructions
         .lines()
