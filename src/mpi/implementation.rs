@@ -8,8 +8,8 @@ pub enum EnvValue {
     Fixed(&'static str),
     /// The effective slots per node (numProcPerNode) as a decimal number.
     Slots,
-    /// The arguments the launcher passes to `ssh`: this string, then ` -p <port>` when the
-    /// workers' sshd listens on another port than 22 (JobSet mode's `mpi-webhook.io/ssh-port`).
+    /// The arguments the launcher passes to `ssh`: this string, then the plan's suffix (JobSet
+    /// mode's ` -p <port>` or ` -F <ssh_config>`, else nothing).
     SshArgs(&'static str),
 }
 
@@ -137,21 +137,30 @@ impl Implementation {
         self.launcher_env.iter().any(|e| e.name == name)
     }
 
-    /// The launcher env as `(name, value)` pairs for the given slots and workers' sshd port.
-    pub fn env_pairs(
-        &self,
+    /// The launcher env as `(name, value)` pairs for the given slots, with `ssh_args_suffix`
+    /// appended to the ssh-args variables.
+    pub fn env_pairs<'s>(
+        &'s self,
         slots: i64,
-        ssh_port: u16,
-    ) -> impl Iterator<Item = (&'static str, String)> + '_ {
+        ssh_args_suffix: &'s str,
+    ) -> impl Iterator<Item = (&'static str, String)> + 's {
         self.launcher_env.iter().map(move |e| {
             let value = match e.value {
                 EnvValue::Fixed(v) => v.to_string(),
                 EnvValue::Slots => slots.to_string(),
-                EnvValue::SshArgs(v) if ssh_port == DEFAULT_SSH_PORT => v.to_string(),
-                EnvValue::SshArgs(v) => format!("{v} -p {ssh_port}"),
+                EnvValue::SshArgs(v) => format!("{v}{ssh_args_suffix}"),
             };
             (e.name, value)
         })
+    }
+}
+
+/// The ssh-args suffix that makes ssh dial `port`: none for 22, ssh's default.
+pub fn port_suffix(port: u16) -> String {
+    if port == DEFAULT_SSH_PORT {
+        String::new()
+    } else {
+        format!(" -p {port}")
     }
 }
 
@@ -170,7 +179,7 @@ mod tests {
     #[test]
     fn open_mpi_env_is_orte_then_prte() {
         let open_mpi = lookup("OpenMPI").expect("OpenMPI");
-        let env: Vec<_> = open_mpi.env_pairs(4, 22).collect();
+        let env: Vec<_> = open_mpi.env_pairs(4, "").collect();
         assert_eq!(
             env,
             [
@@ -203,7 +212,7 @@ mod tests {
         let with_port = |name: &str| -> Vec<(&str, String)> {
             let implementation = lookup(name).expect("known");
             implementation
-                .env_pairs(1, 2222)
+                .env_pairs(1, &port_suffix(2222))
                 .filter(|(_, value)| value.contains("ConnectionAttempts"))
                 .collect()
         };
@@ -229,7 +238,7 @@ mod tests {
         assert!(!intel.reserves("OMPI_MCA_orte_default_hostfile"));
         let mpich = lookup("MPICH").expect("MPICH");
         assert_eq!(
-            mpich.env_pairs(2, 22).collect::<Vec<_>>(),
+            mpich.env_pairs(2, &port_suffix(22)).collect::<Vec<_>>(),
             [
                 ("HYDRA_HOST_FILE", "/etc/mpi/hostfile".to_string()),
                 (

@@ -13,7 +13,7 @@ use crate::api::{
 use crate::field_error::{FieldError, go_quote};
 
 use super::implementation::{self, DEFAULT_SSH_PORT, Implementation};
-use super::jobset_mode::{Settings, settings};
+use super::jobset_mode::{Settings, SshSetup, settings, ssh_setup};
 use super::{
     ANCESTOR_LABEL, ANCESTOR_TRAINER, LAUNCHER, NODE, SSH_PRIVATE_KEY_FILE_MODE_STRICT,
     SSH_PRIVATE_KEY_FILE_MODE_TRAINER,
@@ -158,6 +158,8 @@ pub struct MpiPlan {
 pub struct JobSetDefaults {
     /// The workers' sshd port (`mpi-webhook.io/ssh-port`).
     pub ssh_port: u16,
+    /// Who sets up ssh (`mpi-webhook.io/ssh-setup`).
+    pub ssh_setup: SshSetup,
     /// Whether the JobSet wants the pre-flight (`mpi-webhook.io/preflight`, default `true`).
     pub preflight: bool,
     /// The pre-flight init container's image (`--preflight-image`); empty: no pre-flight.
@@ -227,9 +229,22 @@ impl MpiPlan {
             .map_or(DEFAULT_SSH_PORT, |d| d.ssh_port)
     }
 
+    /// Whether the pods get JobSet mode's `generated` ssh setup.
+    pub fn generated_ssh(&self) -> bool {
+        self.jobset_defaults
+            .as_ref()
+            .is_some_and(|d| d.ssh_setup == SshSetup::Generated)
+    }
+
     /// The launcher env of the plan's implementation, as `(name, value)` pairs.
     pub fn launcher_env(&self) -> impl Iterator<Item = (&'static str, String)> + '_ {
-        self.implementation.env_pairs(self.slots, self.ssh_port())
+        let suffix = if self.generated_ssh() {
+            ssh_setup::ssh_args_suffix()
+        } else {
+            implementation::port_suffix(self.ssh_port())
+        };
+        let pairs: Vec<_> = self.implementation.env_pairs(self.slots, &suffix).collect();
+        pairs.into_iter()
     }
 
     /// The image of the launcher pre-flight, when the plan has one: JobSet mode, an image
@@ -293,6 +308,7 @@ impl MpiPlan {
             wired_container,
             jobset_defaults: Some(JobSetDefaults {
                 ssh_port: settings.ssh_port,
+                ssh_setup: settings.ssh_setup,
                 preflight: settings.preflight,
                 preflight_image: String::new(),
             }),

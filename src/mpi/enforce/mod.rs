@@ -21,6 +21,7 @@ use serde_json::{Value, json};
 
 use items::{EnvVar, HostfileVolume, Mount, SshAuthVolume};
 
+use super::jobset_mode::ssh_setup::{self, SSH_SETUP_CONTAINER};
 use super::plan::MpiPlan;
 use super::{LAUNCHER, NODE, PREFLIGHT_CONTAINER};
 
@@ -124,6 +125,9 @@ const REPLICATED_JOB: Shape = Shape::Members(&[
 /// What the policy reads or writes of a container.
 const CONTAINER: &[(&str, Shape)] = &[
     ("name", Shape::Whole),
+    // Read only: `generated`'s init container runs in the wired container's image, as its user.
+    ("image", Shape::Whole),
+    ("securityContext", Shape::Whole),
     ("volumeMounts", Shape::Whole),
     ("env", Shape::Whole),
     ("command", Shape::Whole),
@@ -166,6 +170,15 @@ struct Items {
     env: Vec<Value>,
     /// JobSet mode only: what it fills in where the user left it unset.
     defaults: Option<Defaults>,
+    /// JobSet mode's `generated` ssh setup: the emptyDir, and the wired containers' mounts of
+    /// it (which take the place of `ssh_mount`).
+    generated: Option<Generated>,
+}
+
+struct Generated {
+    runtime_volume: Value,
+    mounts: [Value; 2],
+    port: u16,
 }
 
 struct Defaults {
@@ -184,8 +197,13 @@ fn to_json(entry: &impl Serialize) -> Value {
 impl Items {
     fn new(plan: &MpiPlan) -> Self {
         let port = plan.ssh_port();
+        let generated = plan.generated_ssh();
         Self {
-            ssh_volume: to_json(&SshAuthVolume::new(plan)),
+            ssh_volume: if generated {
+                ssh_setup::secret_volume(&plan.jobset_name)
+            } else {
+                to_json(&SshAuthVolume::new(plan))
+            },
             hostfile_volume: to_json(&HostfileVolume::new(&plan.jobset_name)),
             ssh_mount: to_json(&Mount::ssh_auth(plan)),
             hostfile_mount: to_json(&Mount::hostfile()),
@@ -194,12 +212,21 @@ impl Items {
                 .map(|(name, value)| to_json(&EnvVar { name, value }))
                 .collect(),
             defaults: plan.jobset_defaults.as_ref().map(|_| Defaults {
-                sshd_command: items::sshd_command(port),
+                sshd_command: if generated {
+                    ssh_setup::sshd_command()
+                } else {
+                    items::sshd_command(port)
+                },
                 readiness_probe: items::sshd_readiness_probe(port),
                 depends_on: items::depends_on_ready_nodes(),
                 preflight: plan
                     .preflight_image()
                     .map(|image| items::preflight_container(image, port)),
+            }),
+            generated: generated.then(|| Generated {
+                runtime_volume: ssh_setup::runtime_volume(),
+                mounts: ssh_setup::container_mounts(),
+                port,
             }),
         }
     }
@@ -296,24 +323,39 @@ impl Job<'_> {
         if is_launcher {
             self.upsert(&volumes, "name", &items.hostfile_volume)?;
         }
-        // JobSet mode: the pre-flight runs first in the launcher pod, unless the user has one,
-        // or a container of that name (a pod's container names are unique across both lists).
+        if let Some(g) = &items.generated {
+            self.upsert(&volumes, "name", &g.runtime_volume)?;
+        }
         let containers = child(&pod_spec, &keys(["containers"]));
-        let preflight = defaults.and_then(|d| d.preflight.as_ref());
-        if let (true, Some(container)) = (is_launcher, preflight)
-            && !names(self.get(&containers), PREFLIGHT_CONTAINER)
+        let init = child(&pod_spec, &keys(["initContainers"]));
+        // `generated`: the ssh setup runs first in both pods, in the wired container's image.
+        if let Some(g) = &items.generated
+            && let Some(wired) = self.wired_container(plan, &containers)
         {
-            let init = child(&pod_spec, &keys(["initContainers"]));
-            match self.get(&init) {
-                None | Some(Value::Null) => {
-                    self.emit(false, &init, Value::Array(vec![container.clone()]));
-                }
-                Some(Value::Array(_)) if names(self.get(&init), PREFLIGHT_CONTAINER) => {}
-                Some(Value::Array(_)) => {
-                    self.emit(false, &child(&init, &[Token::Index(0)]), container.clone());
-                }
-                other => return Err(wrong_type(&init, other, "an array")),
-            }
+            let setup = ssh_setup::init_container(&wired, g.port);
+            self.insert_init(&containers, &init, SSH_SETUP_CONTAINER, setup, 0)?;
+        }
+        // JobSet mode: the pre-flight runs first in the launcher pod (after the ssh setup, which
+        // writes the files it does not need but the launcher does), unless the user has one, or
+        // a container of that name (a pod's container names are unique across both lists).
+        let preflight = defaults.and_then(|d| d.preflight.as_ref());
+        if let (true, Some(container)) = (is_launcher, preflight) {
+            let at = match (&items.generated, self.get(&init)) {
+                (Some(_), Some(Value::Array(list))) => list
+                    .iter()
+                    .position(|c| {
+                        c.get("name").and_then(Value::as_str) == Some(SSH_SETUP_CONTAINER)
+                    })
+                    .map_or(0, |p| p + 1),
+                _ => 0,
+            };
+            self.insert_init(
+                &containers,
+                &init,
+                PREFLIGHT_CONTAINER,
+                container.clone(),
+                at,
+            )?;
         }
         // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in
         // TrainJob mode those named `node`).
@@ -331,7 +373,14 @@ impl Job<'_> {
                 continue;
             }
             let mounts = child(&container, &keys(["volumeMounts"]));
-            self.upsert(&mounts, "mountPath", &items.ssh_mount)?;
+            match &items.generated {
+                Some(g) => {
+                    for mount in &g.mounts {
+                        self.upsert(&mounts, "mountPath", mount)?;
+                    }
+                }
+                None => self.upsert(&mounts, "mountPath", &items.ssh_mount)?,
+            }
             if is_launcher {
                 self.upsert(&mounts, "mountPath", &items.hostfile_mount)?;
                 let env = child(&container, &keys(["env"]));
@@ -352,6 +401,44 @@ impl Job<'_> {
                     self.emit(false, &probe, d.readiness_probe.clone());
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The first wired container of the pod whose `containers` list is at `containers`, as
+    /// the user wrote what the policy reads of it.
+    fn wired_container(&self, plan: &MpiPlan, containers: &[Token]) -> Option<Value> {
+        let list = self.get(containers)?.as_array()?;
+        list.iter()
+            .enumerate()
+            .find(|(c, entry)| {
+                plan.wired_container
+                    .wires(*c, entry.get("name").and_then(Value::as_str))
+            })
+            .map(|(_, entry)| entry.clone())
+    }
+
+    /// Inserts init container `container`, named `name`, at index `at` of the list at `init`
+    /// (made when unset), unless the pod has a container or an init container of that name.
+    fn insert_init(
+        &mut self,
+        containers: &[Token],
+        init: &[Token],
+        name: &str,
+        container: Value,
+        at: usize,
+    ) -> Result<(), MutationError> {
+        if names(self.get(containers), name) {
+            return Ok(());
+        }
+        match self.get(init) {
+            None | Some(Value::Null) => self.emit(false, init, Value::Array(vec![container])),
+            Some(Value::Array(_)) if names(self.get(init), name) => {}
+            Some(Value::Array(list)) => {
+                let at = at.min(list.len());
+                self.emit(false, &child(init, &[Token::Index(at)]), container);
+            }
+            other => return Err(wrong_type(init, other, "an array")),
         }
         Ok(())
     }

@@ -12,6 +12,7 @@
 
 pub mod rules;
 pub mod settings;
+pub mod ssh_setup;
 
 pub use rules::{Checked, check, immutable_errors, label_on_train_job_error};
 pub use settings::*;

@@ -9,7 +9,7 @@ use crate::field_error::{BadValue, FieldError};
 use crate::mpi::hostfile::check_hostfile_size;
 use crate::mpi::plan::{MpiPlan, WiredContainer};
 use crate::mpi::validate::reserved_env_names_error;
-use crate::mpi::{LAUNCHER, NODE};
+use crate::mpi::{LAUNCHER, NODE, SSH_AUTH_VOLUME};
 use crate::raw_json::RawJson;
 
 use super::settings::*;
@@ -31,9 +31,16 @@ pub struct Checked {
 pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
     let mut checked = Checked::default();
     let errors = &mut checked.errors;
-    let settings = settings(&jobset.metadata)
+    let (launcher, node) = (jobset.replicated_job(LAUNCHER), jobset.replicated_job(NODE));
+    let unset = if wired_by_image(jobset, launcher, raw) {
+        SshSetup::Image
+    } else {
+        SshSetup::Generated
+    };
+    let settings = settings_with(&jobset.metadata, unset)
         .map_err(|e| errors.extend(e))
         .ok();
+    errors.extend(ssh_auth_mount_path_error(&jobset.metadata, unset));
     if jobset.name().is_empty() {
         errors.push(FieldError::required(
             "metadata.name",
@@ -41,7 +48,6 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
         ));
     }
     errors.extend(network_error(jobset));
-    let (launcher, node) = (jobset.replicated_job(LAUNCHER), jobset.replicated_job(NODE));
     errors.extend(shape_errors(jobset, launcher, node));
     errors.extend(container_errors(jobset, [launcher, node]));
     if let Some(settings) = settings {
@@ -77,6 +83,45 @@ fn dependency_warning(i: usize, unset: bool) -> String {
     } else {
         warning
     }
+}
+
+/// Whether the launcher's wired container already mounts the SSH Secret: a JobSet the webhook
+/// wired before `generated` was the default, which stays `image` for its UPDATEs (only the init
+/// container mounts the Secret under `generated`).
+fn wired_by_image(jobset: &JobSet, launcher: Found<'_>, raw: &RawJson<'_>) -> bool {
+    let Some((i, rjob)) = launcher else {
+        return false;
+    };
+    let wired = WiredContainer::for_jobset(container(&jobset.metadata));
+    let Some((c, _)) = wired.container_in(rjob) else {
+        return false;
+    };
+    let mounts = raw.at(&format!(
+        "/spec/replicatedJobs/{i}/template/spec/template/spec/containers/{c}/volumeMounts"
+    ));
+    mounts
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|m| m.get("name").and_then(Value::as_str) == Some(SSH_AUTH_VOLUME))
+}
+
+/// `ssh-auth-mount-path` means nothing under `generated`: the key is no longer mounted there.
+fn ssh_auth_mount_path_error(metadata: &ObjectMeta, unset: SshSetup) -> Option<FieldError> {
+    let path = annotation(metadata, SSH_AUTH_MOUNT_PATH_ANNOTATION)?;
+    let generated = match annotation(metadata, SSH_SETUP_ANNOTATION) {
+        None => unset == SshSetup::Generated,
+        Some(value) => value == "generated",
+    };
+    generated.then(|| {
+        FieldError::invalid(
+            annotation_field(SSH_AUTH_MOUNT_PATH_ANNOTATION),
+            BadValue::Str(path.to_string()),
+            format!(
+                "must not be set when {SSH_SETUP_ANNOTATION} is \"generated\" (the default): the SSH key is no longer mounted there; set {SSH_SETUP_ANNOTATION}: \"image\" to mount it there"
+            ),
+        )
+    })
 }
 
 /// A replicatedJob found by name, with its index.

@@ -27,8 +27,11 @@ pub const NETWORK_POLICY_ANNOTATION: &str = "mpi-webhook.io/network-policy";
 pub const SSH_PORT_ANNOTATION: &str = "mpi-webhook.io/ssh-port";
 /// Annotation: `false` opts out of the launcher pre-flight init container.
 pub const PREFLIGHT_ANNOTATION: &str = "mpi-webhook.io/preflight";
+/// Annotation: `generated` (the default) or `image`, who sets up ssh: the webhook's init
+/// container, or the image (its sshd_config, host keys and client settings).
+pub const SSH_SETUP_ANNOTATION: &str = "mpi-webhook.io/ssh-setup";
 /// Every annotation JobSet mode reads; like the label, fixed once the JobSet exists.
-pub const SETTING_ANNOTATIONS: [&str; 7] = [
+pub const SETTING_ANNOTATIONS: [&str; 8] = [
     SLOTS_PER_NODE_ANNOTATION,
     SSH_AUTH_MOUNT_PATH_ANNOTATION,
     RUN_LAUNCHER_AS_NODE_ANNOTATION,
@@ -36,7 +39,31 @@ pub const SETTING_ANNOTATIONS: [&str; 7] = [
     NETWORK_POLICY_ANNOTATION,
     SSH_PORT_ANNOTATION,
     PREFLIGHT_ANNOTATION,
+    SSH_SETUP_ANNOTATION,
 ];
+
+/// Who sets up ssh in the pods (`mpi-webhook.io/ssh-setup`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SshSetup {
+    /// The `mpi-ssh-setup` init container ([`super::ssh_setup`]): any UID, host keys verified.
+    Generated,
+    /// The image's sshd_config, host keys and ssh client settings, the Secret mounted at
+    /// `ssh-auth-mount-path` (JobSet mode before `generated`).
+    Image,
+}
+
+impl SshSetup {
+    /// The annotation's values, in the order error messages list them.
+    pub const VALUES: [&'static str; 2] = ["generated", "image"];
+
+    /// The workers' sshd port when `mpi-webhook.io/ssh-port` is unset.
+    pub fn default_port(self) -> u16 {
+        match self {
+            SshSetup::Generated => super::ssh_setup::GENERATED_SSH_PORT,
+            SshSetup::Image => DEFAULT_SSH_PORT,
+        }
+    }
+}
 
 /// Where a JobSet's MPI policy comes from.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -104,8 +131,10 @@ pub struct Settings {
     pub container: Option<String>,
     /// The network-policy annotation's `true`/`false`, or `None`: the reconciler's default.
     pub network_policy: Option<bool>,
-    /// The annotation's sshd port, or 22.
+    /// The annotation's sshd port, or the default of `ssh_setup` (2222 `generated`, 22 `image`).
     pub ssh_port: u16,
+    /// The annotation's `generated`/`image`, or `generated`.
+    pub ssh_setup: SshSetup,
     /// The annotation's `true`/`false`, or `true`: whether the launcher gets the pre-flight
     /// (when an image for it is configured).
     pub preflight: bool,
@@ -121,6 +150,15 @@ pub fn container(metadata: &ObjectMeta) -> Option<&str> {
 /// # Errors
 /// One field error per label or annotation value that does not parse.
 pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
+    settings_with(metadata, SshSetup::Generated)
+}
+
+/// [`settings`], with `unset` standing for an absent `mpi-webhook.io/ssh-setup` (`image` for a
+/// JobSet the webhook wired before `generated` existed).
+///
+/// # Errors
+/// One field error per label or annotation value that does not parse.
+pub fn settings_with(metadata: &ObjectMeta, unset: SshSetup) -> Result<Settings, Vec<FieldError>> {
     let mut errors = Vec::new();
     let name = label(metadata).unwrap_or_default();
     let implementation = implementation::lookup(name);
@@ -178,8 +216,21 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
         .map_err(|e| errors.push(*e))
         .ok()
         .flatten();
+    let ssh_setup = match annotation(metadata, SSH_SETUP_ANNOTATION) {
+        None => unset,
+        Some("generated") => SshSetup::Generated,
+        Some("image") => SshSetup::Image,
+        Some(other) => {
+            errors.push(FieldError::unsupported(
+                annotation_field(SSH_SETUP_ANNOTATION),
+                BadValue::Str(other.to_string()),
+                &SshSetup::VALUES,
+            ));
+            unset
+        }
+    };
     let ssh_port = match annotation(metadata, SSH_PORT_ANNOTATION) {
-        None => DEFAULT_SSH_PORT,
+        None => ssh_setup.default_port(),
         Some(text) => text
             .parse::<u16>()
             .ok()
@@ -190,7 +241,7 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
                     BadValue::Str(text.to_string()),
                     "must be an integer between 1 and 65535, inclusive",
                 ));
-                DEFAULT_SSH_PORT
+                ssh_setup.default_port()
             }),
     };
     let preflight = match annotation(metadata, PREFLIGHT_ANNOTATION) {
@@ -214,6 +265,7 @@ pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
             container: container(metadata).map(str::to_string),
             network_policy,
             ssh_port,
+            ssh_setup,
             preflight,
         }),
         _ => Err(errors),
@@ -277,9 +329,31 @@ mod tests {
                 run_launcher_as_node: false,
                 container: None,
                 network_policy: None,
-                ssh_port: 22,
+                ssh_port: 2222,
+                ssh_setup: SshSetup::Generated,
                 preflight: true,
             }
+        );
+        let image = super::settings(&metadata(json!({
+            "labels": {IMPLEMENTATION_LABEL: "Intel"},
+            "annotations": {SSH_SETUP_ANNOTATION: "image"}
+        })))
+        .expect("parses");
+        assert_eq!((image.ssh_setup, image.ssh_port), (SshSetup::Image, 22));
+    }
+
+    #[test]
+    fn an_unknown_ssh_setup_is_an_unsupported_value() {
+        let errors = settings(&metadata(json!({
+            "labels": {IMPLEMENTATION_LABEL: "MPICH"},
+            "annotations": {SSH_SETUP_ANNOTATION: "Generated"}
+        })))
+        .expect_err("denied");
+        assert_eq!(
+            errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            [
+                "metadata.annotations[mpi-webhook.io/ssh-setup]: Unsupported value: \"Generated\": supported values: \"generated\", \"image\""
+            ]
         );
     }
 
