@@ -8,9 +8,16 @@
 //!   with the items, paths and modes of the JobSet's volume, owned by root, in kubelet's `..data`
 //!   symlink layout, and bind-mounted read-only. With a pod `fsGroup`, kubelet's ownership pass
 //!   follows: group fsGroup, group read added to files, setgid and group r-x on directories.
-//! - The container runtime: a container with `securityContext.runAsUser` runs as that user (the
-//!   image's, from its /etc/passwd), its primary group, and the pod's fsGroup as supplementary
-//!   group; mounts are set up as root first, as a runtime does.
+//! - The container runtime: a container with `securityContext.runAsUser` (its own, else the
+//!   pod's) runs as that user, with `runAsGroup` (else the image user's group, else its uid) and
+//!   the pod's fsGroup as supplementary group; without one, as the UID the platform assigns (see
+//!   [`product::Image::platform_user`]: GID 0, no supplementary groups), else root. All
+//!   capabilities are dropped when the container drops `ALL` or the platform assigns the UID, and
+//!   no_new_privs is set when it disallows privilege escalation or the platform assigns the UID
+//!   (`setpriv`, as under the `restricted` Pod Security Standard). Each container (the wired one
+//!   and every init container) gets its own mounts, from its own `volumeMounts` (a `subPath`
+//!   mounts that file of the volume); they are set up as root first, as a runtime does.
+//! - kubelet's emptyDir: a directory per pod, mode 0777, shared by the pod's containers.
 //! - JobSet's headless Service: every pod resolves `<pod>.<subdomain>` (and the FQDN) of every
 //!   pod through its own /etc/hosts; its own hostname is `<pod>` as in a real pod.
 //! - The container image: /etc is the host's /etc under a per-pod overlay that adds the image's
@@ -110,7 +117,60 @@ pub struct Pod {
     /// `net:[inode]` of the pod's network namespace, to tell which pod a process ran in.
     pub netns_id: String,
     dir: PathBuf,
-    init: PathBuf,
+}
+
+impl Pod {
+    /// The script that sets up container `name`'s mounts and user, then execs its command.
+    fn script(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("container-{name}.sh"))
+    }
+
+    /// The directory behind volume `name` of the pod (an emptyDir's content, for instance).
+    pub fn volume_dir(&self, name: &str) -> PathBuf {
+        self.dir.join("volumes").join(name)
+    }
+}
+
+/// Who a container runs as, and what the container runtime takes away from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+    /// The pod's fsGroup, the only supplementary group.
+    pub fs_group: Option<u32>,
+    /// `HOME`: the user's home in the image's /etc/passwd, else `/`.
+    pub home: String,
+    /// Every capability dropped (bounding and inheritable sets).
+    pub drop_caps: bool,
+    /// no_new_privs.
+    pub no_new_privs: bool,
+}
+
+impl RunAs {
+    /// The `setpriv` that switches to it (empty for root with nothing taken away).
+    fn setpriv(&self) -> Vec<String> {
+        let mut argv = vec!["setpriv".to_string()];
+        if self.uid != 0 {
+            argv.push(format!("--reuid={}", self.uid));
+            argv.push(format!("--regid={}", self.gid));
+            argv.push(
+                self.fs_group
+                    .map_or("--clear-groups".to_string(), |g| format!("--groups={g}")),
+            );
+        }
+        if self.drop_caps {
+            argv.push("--inh-caps=-all".to_string());
+            argv.push("--bounding-set=-all".to_string());
+        }
+        if self.no_new_privs {
+            argv.push("--no-new-privs".to_string());
+        }
+        if argv.len() == 1 {
+            return Vec::new();
+        }
+        argv.push("--".to_string());
+        argv
+    }
 }
 
 impl Pod {
@@ -211,7 +271,6 @@ impl Cluster {
             let pod_dir = dir.join("pods").join(&plan.hostname);
             std::fs::create_dir_all(&pod_dir)?;
             c.pods.push(Pod {
-                init: pod_dir.join("init.sh"),
                 dir: pod_dir,
                 plan,
                 ns,
@@ -231,21 +290,69 @@ impl Cluster {
         Ok(())
     }
 
-    /// The user pod `p`'s container runs as: its `securityContext.runAsUser` (else the
-    /// pod's), which must be the image's user; `None` is root.
+    /// The image's user that pod `p`'s wired container runs as (whose entry the image's
+    /// /etc/passwd has), if any.
     fn container_user(&self, p: &Pod) -> Result<Option<ImageUser>> {
-        let container = p.plan.container()?;
-        let uid = container["securityContext"]["runAsUser"]
+        let run_as = self.run_as(p, p.plan.container()?)?;
+        Ok(self
+            .image
+            .user
+            .filter(|u| run_as.as_ref().is_some_and(|r| r.uid == u.uid)))
+    }
+
+    /// Who `container` of pod `p` runs as (`None`: root with its capabilities), as the
+    /// container runtime decides it from the container's and the pod's securityContext, and the
+    /// UID the platform assigns when neither names a user.
+    pub fn run_as(&self, p: &Pod, container: &Value) -> Result<Option<RunAs>> {
+        let own = &container["securityContext"];
+        let pod = &p.plan.pod_spec["securityContext"];
+        let id = |key: &str| -> Result<Option<u32>> {
+            own[key]
+                .as_u64()
+                .or_else(|| pod[key].as_u64())
+                .map(|v| u32::try_from(v).context("id out of range"))
+                .transpose()
+        };
+        let fs_group = pod["fsGroup"]
             .as_u64()
-            .or_else(|| p.plan.pod_spec["securityContext"]["runAsUser"].as_u64());
-        match (uid, self.image.user) {
-            (None | Some(0), _) => Ok(None),
-            (Some(uid), Some(user)) if u64::from(user.uid) == uid => Ok(Some(user)),
-            (Some(uid), _) => bail!(
-                "pod {} runs as uid {uid}, which the emulated image has no user for",
-                p.plan.hostname
-            ),
-        }
+            .map(|g| u32::try_from(g).context("fsGroup out of range"))
+            .transpose()?;
+        let drops_all = own["capabilities"]["drop"]
+            .as_array()
+            .is_some_and(|d| d.iter().any(|c| c == "ALL"));
+        let no_escalation = own["allowPrivilegeEscalation"] == false;
+        let run_as = match (id("runAsUser")?, self.image.platform_user) {
+            (Some(uid), _) => {
+                let image_user = self.image.user.filter(|u| u.uid == uid);
+                RunAs {
+                    uid,
+                    gid: id("runAsGroup")?
+                        .or(image_user.map(|u| u.gid))
+                        .unwrap_or(uid),
+                    fs_group,
+                    home: image_user.map_or("/", |u| u.home).to_string(),
+                    drop_caps: drops_all,
+                    no_new_privs: no_escalation,
+                }
+            }
+            (None, Some((uid, gid))) => RunAs {
+                uid,
+                gid: id("runAsGroup")?.unwrap_or(gid),
+                fs_group,
+                home: "/".to_string(),
+                drop_caps: true,
+                no_new_privs: true,
+            },
+            (None, None) => RunAs {
+                uid: 0,
+                gid: 0,
+                fs_group: None,
+                home: "/root".to_string(),
+                drop_caps: drops_all,
+                no_new_privs: no_escalation,
+            },
+        };
+        Ok((run_as.uid != 0 || run_as.drop_caps || run_as.no_new_privs).then_some(run_as))
     }
 
     /// The names pod `p` can resolve, as an /etc/hosts file. Models Kubernetes: kubelet's line for
@@ -304,7 +411,6 @@ impl Cluster {
         rendered: &[Value],
         launcher: &Launcher,
     ) -> Result<()> {
-        let container = p.plan.container()?;
         let volumes = p.plan.pod_spec["volumes"]
             .as_array()
             .cloned()
@@ -322,46 +428,76 @@ impl Cluster {
         };
         let image_files = [PathBuf::from(image.sshd_config), PathBuf::from(&host_key)];
 
+        // The containers the pod runs: its init containers, then the wired one.
+        let mut containers: Vec<Value> = p.plan.pod_spec["initContainers"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        containers.push(p.plan.container()?.clone());
+
         // Mount points that may not exist on the host get an overlay on their nearest existing
         // ancestor, so the directory is created in the pod's upper layer only.
         let mut overlays: BTreeSet<PathBuf> = BTreeSet::new();
         overlays.insert(PathBuf::from("/etc"));
-        let mut binds: Vec<(PathBuf, PathBuf)> = Vec::new();
         let mut mkdirs: Vec<PathBuf> = Vec::new();
-
-        for m in container["volumeMounts"].as_array().into_iter().flatten() {
-            let vname = m["name"].as_str().context("volumeMount without name")?;
-            let mpath = PathBuf::from(
-                m["mountPath"]
-                    .as_str()
-                    .context("volumeMount without mountPath")?,
-            );
-            ensure!(
-                mpath.is_absolute(),
-                "mountPath {} is not absolute",
-                mpath.display()
-            );
-            ensure!(
-                m.get("subPath").is_none_or(Value::is_null),
-                "subPath mounts are not emulated ({vname})"
-            );
-            let vol = volumes
-                .iter()
-                .find(|v| v["name"] == vname)
-                .with_context(|| {
-                    format!(
-                        "pod {} mounts volume {vname}, which the pod does not have",
-                        p.plan.hostname
-                    )
-                })?;
-            let src = p.dir.join("volumes").join(vname);
-            materialize_volume(vol, rendered, &src, fs_group)
-                .with_context(|| format!("pod {}: volume {vname}", p.plan.hostname))?;
-            binds.push((src, mpath.clone()));
-            if !mpath.is_dir() {
-                mkdirs.push(mpath.clone());
-                overlays.insert(nearest_existing_ancestor(&mpath)?);
+        let mut materialized: BTreeSet<String> = BTreeSet::new();
+        // Per container: (source, mount point, read-only).
+        let mut binds: Vec<Vec<(PathBuf, PathBuf, bool)>> = Vec::new();
+        for container in &containers {
+            let mut own = Vec::new();
+            for m in container["volumeMounts"].as_array().into_iter().flatten() {
+                let vname = m["name"].as_str().context("volumeMount without name")?;
+                let mpath = PathBuf::from(
+                    m["mountPath"]
+                        .as_str()
+                        .context("volumeMount without mountPath")?,
+                );
+                ensure!(
+                    mpath.is_absolute(),
+                    "mountPath {} is not absolute",
+                    mpath.display()
+                );
+                let vol = volumes
+                    .iter()
+                    .find(|v| v["name"] == vname)
+                    .with_context(|| {
+                        format!(
+                            "pod {} mounts volume {vname}, which the pod does not have",
+                            p.plan.hostname
+                        )
+                    })?;
+                let src = p.volume_dir(vname);
+                if materialized.insert(vname.to_string()) {
+                    materialize_volume(vol, rendered, &src, fs_group)
+                        .with_context(|| format!("pod {}: volume {vname}", p.plan.hostname))?;
+                }
+                // Secret and ConfigMap volumes are read-only in a pod.
+                let read_only = m["readOnly"] == true || !vol["emptyDir"].is_object();
+                match m["subPath"].as_str().filter(|s| !s.is_empty()) {
+                    Some(sub) => {
+                        ensure!(
+                            !sub.contains("..") && !sub.starts_with('/'),
+                            "subPath {sub} leaves its volume"
+                        );
+                        // A file of the volume onto a file of the image (written by an init
+                        // container before this container starts).
+                        ensure!(
+                            mpath.is_file(),
+                            "subPath mount {} is over no file of the image",
+                            mpath.display()
+                        );
+                        own.push((src.join(sub), mpath.clone(), read_only));
+                    }
+                    None => {
+                        own.push((src, mpath.clone(), read_only));
+                        if !mpath.is_dir() && !mkdirs.contains(&mpath) {
+                            mkdirs.push(mpath.clone());
+                            overlays.insert(nearest_existing_ancestor(&mpath)?);
+                        }
+                    }
+                }
             }
+            binds.push(own);
         }
         // sshd's privilege separation directory and the image's directories (the image would
         // have them).
@@ -422,6 +558,17 @@ impl Cluster {
             )?;
             write_file(&in_upper(Path::new("/etc/group"))?, group.as_bytes(), 0o644)?;
         }
+        if let Some((uid, _)) = image.platform_user {
+            // The image knows no user of the UID the platform assigns: the host's /etc/passwd,
+            // which the test checks has none.
+            let passwd = std::fs::read_to_string("/etc/passwd")?;
+            ensure!(
+                !passwd
+                    .lines()
+                    .any(|l| l.split(':').nth(2) == Some(uid.to_string().as_str())),
+                "the host's /etc/passwd has an entry for uid {uid}, which the emulated image must not"
+            );
+        }
 
         // Image files, in the /etc overlay.
         write_file(&in_upper(Path::new("/etc/hosts"))?, hosts.as_bytes(), 0o644)?;
@@ -473,68 +620,75 @@ impl Cluster {
             0o644,
         )?;
 
-        // The pod's init: private mounts, then the container's command (exec'd, "$@").
-        let mut s = String::from("#!/bin/sh\nset -eu\nmount --make-rprivate /\n");
-        for r in &roots {
-            let u = upper_of(r);
-            let _ = writeln!(
-                s,
-                "mount -t overlay mpiw-pod -o lowerdir={r},upperdir={up},workdir={wk} {r}",
-                r = sh_quote(&r.to_string_lossy()),
-                up = sh_quote(&u.join("upper").to_string_lossy()),
-                wk = sh_quote(&u.join("work").to_string_lossy()),
-            );
-        }
-        for (src, dst) in &binds {
-            // Secret and ConfigMap volumes are read-only in a pod.
-            let _ = writeln!(
-                s,
-                "mount --bind {a} {b}\nmount -o remount,bind,ro {b}",
-                a = sh_quote(&src.to_string_lossy()),
-                b = sh_quote(&dst.to_string_lossy()),
-            );
-        }
-        let _ = writeln!(
-            s,
-            "echo {} > /proc/sys/kernel/hostname",
-            sh_quote(&p.plan.hostname)
-        );
-        // The container runtime starts the command in the container's workingDir, else the
-        // image's (none here): "/". Never the test's own directory: the launchers pass
-        // their working directory on to the daemons they start on the workers (Hydra's proxies,
-        // PRRTE's prted), and a clone under a 0700 folder is not enterable by uid 1000.
-        let _ = writeln!(
-            s,
-            "cd {}",
-            sh_quote(container["workingDir"].as_str().unwrap_or("/"))
-        );
-        match user {
-            // The container runtime's switch to the container's user, after the mounts.
-            Some(u) => {
-                let groups =
-                    fs_group.map_or("--clear-groups".to_string(), |g| format!("--groups={g}"));
+        // Each container's start: private mounts, then its command (exec'd, "$@").
+        for (container, binds) in containers.iter().zip(&binds) {
+            let mut s = String::from("#!/bin/sh\nset -eu\nmount --make-rprivate /\n");
+            for r in &roots {
+                let u = upper_of(r);
                 let _ = writeln!(
                     s,
-                    "exec setpriv --reuid={} --regid={} {groups} -- \"$@\"",
-                    u.uid, u.gid
+                    "mount -t overlay mpiw-pod -o lowerdir={r},upperdir={up},workdir={wk} {r}",
+                    r = sh_quote(&r.to_string_lossy()),
+                    up = sh_quote(&u.join("upper").to_string_lossy()),
+                    wk = sh_quote(&u.join("work").to_string_lossy()),
                 );
             }
-            None => s.push_str("exec \"$@\"\n"),
+            for (src, dst, read_only) in binds {
+                let _ = writeln!(
+                    s,
+                    "mount --bind {a} {b}",
+                    a = sh_quote(&src.to_string_lossy()),
+                    b = sh_quote(&dst.to_string_lossy()),
+                );
+                if *read_only {
+                    let _ = writeln!(
+                        s,
+                        "mount -o remount,bind,ro {}",
+                        sh_quote(&dst.to_string_lossy())
+                    );
+                }
+            }
+            let _ = writeln!(
+                s,
+                "echo {} > /proc/sys/kernel/hostname",
+                sh_quote(&p.plan.hostname)
+            );
+            // The container runtime starts the command in the container's workingDir, else the
+            // image's (none here): "/". Never the test's own directory: the launchers pass
+            // their working directory on to the daemons they start on the workers (Hydra's
+            // proxies, PRRTE's prted), and a clone under a 0700 folder is not enterable by uid
+            // 1000.
+            let _ = writeln!(
+                s,
+                "cd {}",
+                sh_quote(container["workingDir"].as_str().unwrap_or("/"))
+            );
+            // The container runtime's switch to the container's user, after the mounts.
+            let setpriv = self
+                .run_as(p, container)?
+                .map(|r| r.setpriv())
+                .unwrap_or_default();
+            let _ = writeln!(s, "exec {} \"$@\"", setpriv.join(" "));
+            let name = container["name"].as_str().context("container without name")?;
+            write_file(&p.script(name), s.as_bytes(), 0o755)?;
         }
-        write_file(&p.init, s.as_bytes(), 0o755)?;
         Ok(())
     }
 
-    /// A command that runs `argv` as the pod's container would: in the pod's namespaces, with
-    /// exactly `env` (plus what a container runtime always sets).
+    /// A command that runs `argv` as pod `p`'s `container` would: in the pod's namespaces, with
+    /// its mounts and user, and exactly `env` (plus what a container runtime always sets).
     pub fn pod_command(
         &self,
         p: &Pod,
+        container: &Value,
         argv: &[String],
         path: &str,
         env: &[(String, String)],
     ) -> Result<Command> {
-        let home = self.container_user(p)?.map_or("/root", |u| u.home);
+        let home = self
+            .run_as(p, container)?
+            .map_or("/root".to_string(), |r| r.home);
+        let name = container["name"].as_str().context("container without name")?;
         let mut cmd = Command::new("ip");
         cmd.args([
             "netns",
@@ -548,7 +702,7 @@ impl Cluster {
             "--",
             "/bin/sh",
         ])
-        .arg(&p.init)
+        .arg(p.script(name))
         .args(argv)
         .current_dir("/")
         .env_clear()
@@ -570,7 +724,8 @@ impl Cluster {
         ready: &str,
     ) -> Result<()> {
         let p = &self.pods[idx];
-        let mut cmd = self.pod_command(p, argv, path, &[])?;
+        let container = p.plan.container()?.clone();
+        let mut cmd = self.pod_command(p, &container, argv, path, &[])?;
         let mut d = Daemon::spawn(&p.plan.hostname, &mut cmd)?;
         let res = d.wait_for(ready, T);
         self.daemons.push(d);
@@ -727,7 +882,8 @@ fn image_user_db(u: &ImageUser) -> Result<(String, String)> {
     Ok((passwd, group))
 }
 
-/// What kubelet does for a Secret / ConfigMap volume: the items (or all keys) as files with the
+/// What kubelet does for an emptyDir (an empty directory, 0777) and for a Secret / ConfigMap
+/// volume: the items (or all keys) as files with the
 /// given modes, owned by root, in the `..data` layout (`<dir>/<path> -> ..data/<path>`,
 /// `..data -> ..<timestamp>`). With `fs_group`, kubelet's ownership pass on the read-only volume
 /// (`SetVolumeOwnership`): everything gets group `fs_group` (symlinks too, with lchown), files get
@@ -738,6 +894,12 @@ fn materialize_volume(
     dir: &Path,
     fs_group: Option<u32>,
 ) -> Result<()> {
+    if vol.get("emptyDir").is_some_and(Value::is_object) {
+        // kubelet makes an emptyDir world-writable: any UID the pod gets can write it.
+        std::fs::create_dir_all(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777))?;
+        return Ok(());
+    }
     let (kind, source, obj_name) = if let Some(s) = vol.get("secret").filter(|s| !s.is_null()) {
         ("Secret", s, s["secretName"].as_str())
     } else if let Some(c) = vol.get("configMap").filter(|c| !c.is_null()) {

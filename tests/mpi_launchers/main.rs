@@ -96,12 +96,26 @@ enum Wiring {
     /// Exactly the patched JobSet, but cluster DNS has no record for the second worker: the
     /// pre-flight must fail naming that host, and the launcher's command must never start.
     UnresolvableHost,
+    /// `generated`, but the launcher's `known_hosts` pins another key than the job's, which
+    /// every worker holds as its host key: the launcher's ssh must refuse every worker.
+    PinnedToAnotherKey,
+    /// `ssh-setup: image` in pods at a UID the image does not know: what users hit today, ssh
+    /// exiting with "No user exists for uid" (and the workers' sshd unable to start).
+    ImageAtAnyUid,
 }
 
 impl Wiring {
     /// A negative control of the launcher pre-flight.
     fn preflight_fails(self) -> bool {
         matches!(self, Wiring::SshdNotRunning | Wiring::UnresolvableHost)
+    }
+
+    /// A negative control whose launcher must fail for a reason its ssh states.
+    fn launcher_fails(self) -> bool {
+        matches!(
+            self,
+            Wiring::GroupReadableKey | Wiring::PinnedToAnotherKey | Wiring::ImageAtAnyUid
+        )
     }
 }
 
@@ -128,6 +142,14 @@ const SSH_ARGS_VARS: [&str; 4] = [
 
 /// ssh's complaint about a private key its group or others can read, when the key is its own.
 const UNPROTECTED_KEY: &str = "UNPROTECTED PRIVATE KEY FILE";
+/// ssh's refusal of a host whose key `known_hosts` does not pin.
+const HOST_KEY_REFUSED: &str = "Host key verification failed";
+/// ssh's refusal to run for a UID that /etc/passwd does not list.
+const NO_SUCH_USER: &str = "No user exists for uid";
+/// The `generated` files the launcher's ssh reads, in the `mpi-ssh-runtime` emptyDir.
+const RUNTIME_VOLUME: &str = "mpi-ssh-runtime";
+/// `generated`'s suffix of the ssh-args variables.
+const SSH_CONFIG_ARGS: &str = " -F /run/mpi-ssh/ssh_config";
 
 #[derive(Debug)]
 struct Rank {
@@ -330,7 +352,9 @@ fn scenario(
         );
     }
 
-    // Workers first (the launcher dependsOn node Ready; readiness = sshd listening).
+    // Workers first (the launcher dependsOn node Ready; readiness = sshd listening), each
+    // pod's init containers (the ssh setup) to completion before its container, as kubelet.
+    let mut worker_failures = Vec::new();
     for i in 0..cluster.pods.len() {
         if i == launcher_idx {
             continue;
@@ -338,10 +362,36 @@ fn scenario(
         if wiring == Wiring::SshdNotRunning && cluster.pods[i].plan.hostname == broken_worker {
             continue;
         }
-        let argv = container_argv(cluster.pods[i].plan.container()?)?;
-        cluster
+        let pod = &cluster.pods[i];
+        for init in pod.plan.pod_spec["initContainers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let argv = init_container_argv(init, pod.plan.container()?)?;
+            let out = proc::run(
+                &mut cluster.pod_command(pod, init, &argv, &l.path_env(), &[])?,
+                INIT_TIMEOUT,
+            )?;
+            ensure!(
+                out.success(),
+                "pod {}: init container {} failed: {}",
+                pod.plan.hostname,
+                init["name"],
+                out.describe()
+            );
+        }
+        let argv = container_argv(pod.plan.container()?)?;
+        let hostname = pod.plan.hostname.clone();
+        let started = cluster
             .start_daemon(i, &argv, &l.path_env(), "Server listening on")
-            .with_context(|| format!("starting pod {}", cluster.pods[i].plan.hostname))?;
+            .with_context(|| format!("starting pod {hostname}"));
+        match (wiring, started) {
+            (_, Ok(())) => {}
+            // Today's failure: a worker's sshd cannot start at that UID either.
+            (Wiring::ImageAtAnyUid, Err(e)) => worker_failures.push(format!("{e:#}")),
+            (_, Err(e)) => return Err(e),
+        }
     }
 
     // kubelet: the launcher pod's init containers run first, each to completion; one that fails
@@ -361,7 +411,7 @@ fn scenario(
         let argv = init_container_argv(init, &launcher_container)?;
         let env = [("MPI_WEBHOOK_TIMEOUT".to_string(), timeout.to_string())];
         let out = proc::run(
-            &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
+            &mut cluster.pod_command(lp, init, &argv, &l.path_env(), &env)?,
             INIT_TIMEOUT,
         )?;
         if !wiring.preflight_fails() {
@@ -404,7 +454,32 @@ fn scenario(
             ),
         });
     }
-    if let Mode::JobSet(shape) = mode {
+    if wiring == Wiring::PinnedToAnotherKey {
+        // The launcher's known_hosts, as the ssh setup wrote it (`* <job's key>`), now pins a
+        // key no worker holds.
+        let known_hosts = lp.volume_dir(RUNTIME_VOLUME).join("known_hosts");
+        let pinned = std::fs::read_to_string(&known_hosts)
+            .with_context(|| format!("the ssh setup wrote no {}", known_hosts.display()))?;
+        ensure!(
+            pinned.starts_with("* ecdsa-sha2-") && pinned.lines().count() == 1,
+            "known_hosts is {pinned:?}, not one line pinning the job's key"
+        );
+        let other = work.path().join("other_key");
+        proc::run_ok(
+            std::process::Command::new("ssh-keygen")
+                .args(["-q", "-t", "ecdsa", "-N", "", "-C", "", "-f"])
+                .arg(&other),
+            Duration::from_secs(30),
+        )?;
+        let other_pub = std::fs::read_to_string(other.with_extension("pub"))?;
+        let meta = std::fs::metadata(&known_hosts)?;
+        std::fs::write(&known_hosts, format!("* {}\n", other_pub.trim()))?;
+        {
+            use std::os::unix::fs::MetadataExt;
+            std::os::unix::fs::chown(&known_hosts, Some(meta.uid()), Some(meta.gid()))?;
+        }
+    }
+    if let (Mode::JobSet(shape), false) = (mode, shape_skips_preflight(mode)) {
         // Every host answered: the launcher's own name resolved, every worker's sshd on the port.
         let sshd = preflight_lines
             .iter()
@@ -420,13 +495,13 @@ fn scenario(
 
     let argv = container_argv(&launcher_container)?;
     let out = proc::run(
-        &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
+        &mut cluster.pod_command(lp, &launcher_container, &argv, &l.path_env(), &env)?,
         LAUNCH_TIMEOUT,
     )?;
     // A launcher that fails must say why. Run it once more, verbose, with the ssh client
     // verbose too (` -v` on every ssh-args variable the env has), and keep what it says: the
     // rerun is diagnostics only, its result never counts.
-    let diagnostics = if out.success() || wiring == Wiring::GroupReadableKey {
+    let diagnostics = if out.success() || wiring.launcher_fails() {
         String::new()
     } else {
         let mut argv = argv.clone();
@@ -438,7 +513,7 @@ fn scenario(
             }
         }
         match proc::run(
-            &mut cluster.pod_command(lp, &argv, &l.path_env(), &env)?,
+            &mut cluster.pod_command(lp, &launcher_container, &argv, &l.path_env(), &env)?,
             LAUNCH_TIMEOUT,
         ) {
             Ok(o) => format!(
@@ -493,6 +568,38 @@ fn scenario(
             ),
         });
     }
+    if let Some(reason) = match wiring {
+        Wiring::PinnedToAnotherKey => Some(HOST_KEY_REFUSED),
+        Wiring::ImageAtAnyUid => Some(NO_SUCH_USER),
+        _ => None,
+    } {
+        let on_workers = ranks.iter().filter(|r| r.host != launcher_host).count();
+        let said = out.stdout.contains(reason) || out.stderr.contains(reason);
+        let code = out.status.and_then(|s| s.code()).filter(|c| *c != 0);
+        let (Some(code), true, 0) = (code, said, on_workers) else {
+            return Err(fail(format!(
+                "negative control {wiring:?}: expected {} to exit non-zero, ssh to say {reason:?} \
+                 and no rank on a worker; got exit {:?} (timed out: {}), said: {said}, ranks on \
+                 workers: {on_workers}",
+                l.label, out.status, out.timed_out
+            )));
+        };
+        let what = match wiring {
+            Wiring::PinnedToAnotherKey => "known_hosts pinned to another key".to_string(),
+            _ => format!(
+                "ssh-setup: image at uid {}: {} of {workers_total} workers' sshd did not start",
+                product::ANY_UID,
+                worker_failures.len()
+            ),
+        };
+        return Ok(Outcome {
+            line: format!(
+                "{:<10} {version:<10} {:<38} {what}: exit {code}, ssh: {reason}, workers reached 0/{workers_total}",
+                l.label,
+                format!("{} runLauncherAsNode={lan}", mode.label()),
+            ),
+        });
+    }
     if out.timed_out {
         return Err(fail(format!(
             "{} did not exit within {LAUNCH_TIMEOUT:?}",
@@ -513,7 +620,7 @@ fn scenario(
             )));
         };
         // Every rank runs as the container's user (the launcher's ssh used the Secret's key).
-        let want_uid = mode.image().user.map_or(0, |u| u.uid).to_string();
+        let want_uid = mode.uid().to_string();
         if r.uid != want_uid {
             return Err(fail(format!(
                 "rank {} ran as uid {}, the pods run as {want_uid}",
@@ -557,11 +664,18 @@ fn scenario(
             if let Some(port) = shape.ssh_port {
                 set.push(format!("{}={port}", product::SSH_PORT_ANNOTATION));
             }
-            if set.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", set.join(", "))
+            set.push(format!(
+                "{}={}",
+                product::SSH_SETUP_ANNOTATION,
+                shape.ssh_setup.unwrap_or("(generated)")
+            ));
+            if shape.any_uid {
+                set.push(format!(
+                    "uid {} gid 0, no passwd entry, no capabilities, no_new_privs",
+                    product::ANY_UID
+                ));
             }
+            format!(" ({})", set.join(", "))
         }
         Mode::TrainJob => String::new(),
     };
@@ -591,7 +705,11 @@ fn scenario(
                 ),
             })
         }
-        Wiring::GroupReadableKey | Wiring::SshdNotRunning | Wiring::UnresolvableHost => {
+        Wiring::GroupReadableKey
+        | Wiring::SshdNotRunning
+        | Wiring::UnresolvableHost
+        | Wiring::PinnedToAnotherKey
+        | Wiring::ImageAtAnyUid => {
             unreachable!("returned above")
         }
         Wiring::UpstreamOnly => {
@@ -611,6 +729,11 @@ fn scenario(
             })
         }
     }
+}
+
+/// Whether the JobSet opts out of the pre-flight.
+fn shape_skips_preflight(mode: Mode) -> bool {
+    matches!(mode, Mode::JobSet(shape) if shape.no_preflight)
 }
 
 /// The items of every Secret volume of every pod template that project the private key, with
@@ -647,14 +770,17 @@ fn check_jobset_mode_patch(
     after: &serde_json::Value,
     mode: Mode,
 ) -> Result<()> {
+    let generated = matches!(mode, Mode::JobSet(shape) if shape.generated());
     let mut after_keys = after.clone();
     let modes: Vec<(String, Option<u64>)> = private_key_items(&mut after_keys)
         .into_iter()
         .map(|(rj, item)| (rj, item["mode"].as_u64()))
         .collect();
+    // `generated`: no per-item mode, the volume's 0444 (only the init container mounts it).
+    let key_mode = (!generated).then_some(0o600);
     let want: Vec<(String, Option<u64>)> = ["node", "launcher"]
         .iter()
-        .map(|rj| (rj.to_string(), Some(0o600)))
+        .map(|rj| (rj.to_string(), key_mode))
         .collect();
     ensure!(
         modes == want,
@@ -668,9 +794,13 @@ fn check_jobset_mode_patch(
         let pod =
             |i: usize| &after["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
         let worker = product::container(pod(0), mode.wired_container("node"))?;
+        let sshd = if generated {
+            serde_json::json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
+        } else {
+            serde_json::json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()])
+        };
         ensure!(
-            worker["command"]
-                == serde_json::json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()])
+            worker["command"] == sshd
                 && worker.get("args").is_none()
                 && worker["readinessProbe"] == serde_json::json!({"tcpSocket": {"port": port}}),
             "the workers' defaults for port {port}: {worker}"
@@ -681,11 +811,44 @@ fn check_jobset_mode_patch(
             "the launcher's dependsOn: {}",
             after["spec"]["replicatedJobs"][1]["dependsOn"]
         );
-        let init = &pod(1)["initContainers"];
+        let init_names = |i: usize| -> Vec<String> {
+            pod(i)["initContainers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| c["name"].as_str().unwrap_or_default().to_string())
+                .collect()
+        };
+        let mut want_launcher = Vec::new();
+        let mut want_worker = Vec::new();
+        if generated {
+            want_launcher.push("mpi-ssh-setup");
+            want_worker.push("mpi-ssh-setup");
+        }
+        if !shape.no_preflight {
+            want_launcher.push("mpi-preflight");
+        }
         ensure!(
-            init.as_array().map(Vec::len) == Some(1) && init[0]["name"] == "mpi-preflight",
-            "the launcher's init containers: {init}"
+            init_names(1) == want_launcher && init_names(0) == want_worker,
+            "the init containers: launcher {:?}, workers {:?}; expected {want_launcher:?}, {want_worker:?}",
+            init_names(1),
+            init_names(0)
         );
+        // `generated`: the wired containers never see the Secret, only what the setup wrote.
+        for i in [0, 1] {
+            let rj = if i == 0 { "node" } else { "launcher" };
+            let mounts = &product::container(pod(i), mode.wired_container(rj))?["volumeMounts"];
+            let secret = mounts
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|m| m["name"] == "mpi-ssh-auth");
+            ensure!(
+                secret != generated,
+                "the {rj} container's mounts under ssh-setup {:?}: {mounts}",
+                shape.ssh_setup
+            );
+        }
         let launcher = product::container(pod(1), mode.wired_container("launcher"))?;
         let env = product::env_of(launcher)?;
         let args: Vec<&String> = env
@@ -694,8 +857,15 @@ fn check_jobset_mode_patch(
             .map(|(_, v)| v)
             .collect();
         let suffix = format!(" -p {port}");
+        let suffixed = |v: &&String| {
+            if generated {
+                v.ends_with(SSH_CONFIG_ARGS) && !v.contains(" -p ")
+            } else {
+                v.ends_with(&suffix) == (port != 22)
+            }
+        };
         ensure!(
-            !args.is_empty() && args.iter().all(|v| v.ends_with(&suffix) == (port != 22)),
+            !args.is_empty() && args.iter().all(suffixed),
             "the launcher's ssh args for port {port}: {args:?}"
         );
     }
@@ -728,56 +898,29 @@ fn check_jobset_mode_patch(
     Ok(())
 }
 
-/// The argv an init container of the launcher pod runs as, in the emulated pod: the pre-flight
-/// image's binary is the one under test, and the container's user and no-new-privileges apply
-/// (`setpriv`, after the pod's mounts). The emulated pod mounts the launcher container's volumes,
-/// so the init container may only mount what the launcher container mounts, at the same paths.
-fn init_container_argv(
-    init: &serde_json::Value,
-    launcher: &serde_json::Value,
-) -> Result<Vec<String>> {
+/// The argv an init container runs in the emulated pod (whose script gives it its own mounts
+/// and user): the pre-flight image's binary is the one under test; the ssh setup runs in the
+/// wired container's image, whose `sh` is the machine's.
+fn init_container_argv(init: &serde_json::Value, wired: &serde_json::Value) -> Result<Vec<String>> {
     let mut argv = container_argv(init)?;
-    ensure!(
-        argv[0] == product::IMAGE_BINARY,
-        "init container {} runs {}, not the pre-flight image's {}",
-        init["name"],
-        argv[0],
-        product::IMAGE_BINARY
-    );
-    ensure!(
-        init["image"] == product::PREFLIGHT_IMAGE,
-        "init container {} has image {}, not --preflight-image's",
-        init["name"],
-        init["image"]
-    );
-    argv[0] = env!("CARGO_BIN_EXE_mpi-webhook").to_string();
-    let launcher_mounts = launcher["volumeMounts"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for m in init["volumeMounts"].as_array().into_iter().flatten() {
+    if init["image"] == product::PREFLIGHT_IMAGE {
         ensure!(
-            launcher_mounts
-                .iter()
-                .any(|l| l["name"] == m["name"] && l["mountPath"] == m["mountPath"]),
-            "init container {} mounts {m}, which the launcher container does not",
-            init["name"]
+            argv[0] == product::IMAGE_BINARY,
+            "init container {} runs {}, not the pre-flight image's {}",
+            init["name"],
+            argv[0],
+            product::IMAGE_BINARY
+        );
+        argv[0] = env!("CARGO_BIN_EXE_mpi-webhook").to_string();
+    } else {
+        ensure!(
+            init["image"] == wired["image"],
+            "init container {} has image {}, neither --preflight-image's nor the wired container's",
+            init["name"],
+            init["image"]
         );
     }
-    let context = &init["securityContext"];
-    let mut wrapper = vec!["setpriv".to_string()];
-    if let Some(uid) = context["runAsUser"].as_u64() {
-        wrapper.push(format!("--reuid={uid}"));
-        let gid = context["runAsGroup"].as_u64().unwrap_or(uid);
-        wrapper.push(format!("--regid={gid}"));
-        wrapper.push("--clear-groups".to_string());
-    }
-    if context["allowPrivilegeEscalation"] == false {
-        wrapper.push("--no-new-privs".to_string());
-    }
-    wrapper.push("--".to_string());
-    wrapper.extend(argv);
-    Ok(wrapper)
+    Ok(argv)
 }
 
 fn container_argv(c: &serde_json::Value) -> Result<Vec<String>> {
@@ -800,8 +943,130 @@ fn container_argv(c: &serde_json::Value) -> Result<Vec<String>> {
     Ok(argv)
 }
 
+/// The two suites of this binary.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Suite {
+    /// TrainJob mode, and JobSet mode with `ssh-setup: image` (root pods, the image's ssh).
+    Main,
+    /// JobSet mode's `generated` ssh setup: pods at an arbitrary UID, and as root.
+    AnyUid,
+}
+
+/// Both suites create network namespaces named by the process and a counter, and load the same
+/// two cores: they run one after the other.
+static ONE_SUITE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+static CASES_RUN: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 #[test]
 fn mpi_launchers() {
+    run_suite(Suite::Main);
+}
+
+/// Every family at UID 1000650000 GID 0 (no passwd entry, no fsGroup, no capabilities,
+/// no_new_privs) and as root, with `generated` and host keys verified; the negative controls
+/// `known_hosts` pinned to another key and `ssh-setup: image` at that UID.
+#[test]
+fn mpi_launchers_any_uid() {
+    run_suite(Suite::AnyUid);
+}
+
+/// `mpi_launchers`' cases of launcher `l`: TrainJob mode, and JobSet mode with `ssh-setup:
+/// image` (not under the spec model).
+fn main_cases(l: &Launcher, spec_model: bool) -> Vec<(Mode, bool, Wiring)> {
+    let mode = Mode::TrainJob;
+    let mut cases = vec![
+        (mode, false, Wiring::Product),
+        (mode, true, Wiring::Product),
+    ];
+    if l.id == "ompi5" {
+        cases.push((mode, false, Wiring::UpstreamOnly));
+        cases.push((mode, true, Wiring::UpstreamOnly));
+    }
+    if spec_model {
+        say(&format!(
+            "{}: JobSet mode skipped (the spec model covers TrainJob mode only)",
+            l.label
+        ));
+    } else {
+        // JobSet mode once per run-launcher-as-node setting. The annotated shape takes turns
+        // so that it runs with both settings and both hostfile syntaxes, Hydra's launcher line
+        // (Decision 17) included; the rest run on the defaults (1 slot). Every "pod" here
+        // sees the machine's cores, and Open MPI 5 binds each rank to a core by default: more
+        // slots than the CI machine's 2 cores would fail its binding check, not the wiring.
+        // Every JobSet is written minimally and gets the webhook's defaults (sshd, probe,
+        // dependsOn, the pre-flight); on Open MPI 5, MPICH 5 and Intel MPI the unannotated case
+        // moves sshd to port 2222 (`mpi-webhook.io/ssh-port`), which the launcher's ssh then
+        // reaches only through the ` -p 2222` the webhook adds to its ssh-args variable. All
+        // of them with `ssh-setup: image`, JobSet mode as it was before `generated` (which
+        // `mpi_launchers_any_uid` runs).
+        let annotated = JobSetShape {
+            container: Some("mpi"),
+            slots_per_node: Some(2),
+            ..JobSetShape::IMAGE
+        };
+        let other_port = JobSetShape {
+            ssh_port: Some(2222),
+            ..JobSetShape::IMAGE
+        };
+        let annotated_lan = matches!(l.id, "ompi4" | "mpich4" | "impi");
+        for lan in [false, true] {
+            let shape = match (lan == annotated_lan, l.id) {
+                (true, _) => annotated,
+                (false, "ompi5" | "mpich5" | "impi") => other_port,
+                (false, _) => JobSetShape::IMAGE,
+            };
+            cases.push((Mode::JobSet(shape), lan, Wiring::Product));
+        }
+        if l.id == "ompi4" {
+            cases.push((
+                Mode::JobSet(JobSetShape::IMAGE),
+                false,
+                Wiring::GroupReadableKey,
+            ));
+        }
+        // The pre-flight's negative controls, once per hostfile syntax.
+        if matches!(l.id, "ompi4" | "mpich4") {
+            for wiring in [Wiring::SshdNotRunning, Wiring::UnresolvableHost] {
+                cases.push((Mode::JobSet(other_port), false, wiring));
+            }
+        }
+    }
+    cases
+}
+
+/// `mpi_launchers_any_uid`'s cases of launcher `l`: at the platform's UID with the default
+/// `generated` (run-launcher-as-node off), as root with it (on), and one negative control each on
+/// Open MPI 4, whose launcher gives up when ssh fails (Hydra waits for its proxies forever):
+/// `known_hosts` pinned to another key, and `ssh-setup: image` at that UID (without the
+/// pre-flight, which the workers' dead sshd would make wait out its timeout).
+fn any_uid_cases(l: &Launcher) -> Vec<(Mode, bool, Wiring)> {
+    let any_uid = JobSetShape {
+        any_uid: true,
+        ..JobSetShape::default()
+    };
+    let mut cases = vec![
+        (Mode::JobSet(any_uid), false, Wiring::Product),
+        (Mode::JobSet(JobSetShape::default()), true, Wiring::Product),
+    ];
+    if l.id == "ompi4" {
+        cases.push((Mode::JobSet(any_uid), false, Wiring::PinnedToAnotherKey));
+        cases.push((
+            Mode::JobSet(JobSetShape {
+                ssh_setup: Some("image"),
+                no_preflight: true,
+                ..any_uid
+            }),
+            false,
+            Wiring::ImageAtAnyUid,
+        ));
+    }
+    cases
+}
+
+fn run_suite(suite: Suite) {
+    let _one = ONE_SUITE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let ci = prereq::in_ci();
     let pid = std::process::id();
     if std::env::var_os(EXPERIMENT_VAR).is_some() {
@@ -862,7 +1127,7 @@ fn mpi_launchers() {
     let only = std::env::var("MPI_LAUNCHERS_ONLY").ok();
     let spec_model = std::env::var("MPI_LAUNCHERS_PRODUCT").as_deref() == Ok("spec");
     let mut failures = Vec::new();
-    let mut n = 0;
+    let started = std::time::Instant::now();
     for l in &runnable {
         if let Some(only) = &only
             && !only.split(',').any(|o| o == l.id)
@@ -870,64 +1135,19 @@ fn mpi_launchers() {
             continue;
         }
         let version = l.version();
-        let mode = Mode::TrainJob;
-        let mut cases = vec![
-            (mode, false, Wiring::Product),
-            (mode, true, Wiring::Product),
-        ];
-        if l.id == "ompi5" {
-            cases.push((mode, false, Wiring::UpstreamOnly));
-            cases.push((mode, true, Wiring::UpstreamOnly));
-        }
-        if spec_model {
-            say(&format!(
-                "{}: JobSet mode skipped (the spec model covers TrainJob mode only)",
-                l.label
-            ));
-        } else {
-            // JobSet mode once per run-launcher-as-node setting. The annotated shape takes turns
-            // so that it runs with both settings and both hostfile syntaxes, Hydra's launcher line
-            // (Decision 17) included; the rest run on the defaults (1 slot). Every "pod" here
-            // sees the machine's cores, and Open MPI 5 binds each rank to a core by default: more
-            // slots than the CI machine's 2 cores would fail its binding check, not the wiring.
-            // Every JobSet is written minimally and gets the webhook's defaults (sshd, probe,
-            // dependsOn, the pre-flight); on Open MPI 5, MPICH 5 and Intel MPI the unannotated case
-            // moves sshd to port 2222 (`mpi-webhook.io/ssh-port`), which the launcher's ssh then
-            // reaches only through the ` -p 2222` the webhook adds to its ssh-args variable.
-            let annotated = JobSetShape {
-                container: Some("mpi"),
-                slots_per_node: Some(2),
-                ssh_port: None,
-            };
-            let other_port = JobSetShape {
-                ssh_port: Some(2222),
-                ..JobSetShape::default()
-            };
-            let annotated_lan = matches!(l.id, "ompi4" | "mpich4" | "impi");
-            for lan in [false, true] {
-                let shape = match (lan == annotated_lan, l.id) {
-                    (true, _) => annotated,
-                    (false, "ompi5" | "mpich5" | "impi") => other_port,
-                    (false, _) => JobSetShape::default(),
-                };
-                cases.push((Mode::JobSet(shape), lan, Wiring::Product));
-            }
-            if l.id == "ompi4" {
-                cases.push((
-                    Mode::JobSet(JobSetShape::default()),
-                    false,
-                    Wiring::GroupReadableKey,
+        let cases = match suite {
+            Suite::Main => main_cases(l, spec_model),
+            Suite::AnyUid if spec_model => {
+                say(&format!(
+                    "{}: skipped (the spec model covers TrainJob mode only)",
+                    l.label
                 ));
+                Vec::new()
             }
-            // The pre-flight's negative controls, once per hostfile syntax.
-            if matches!(l.id, "ompi4" | "mpich4") {
-                for wiring in [Wiring::SshdNotRunning, Wiring::UnresolvableHost] {
-                    cases.push((Mode::JobSet(other_port), false, wiring));
-                }
-            }
-        }
+            Suite::AnyUid => any_uid_cases(l),
+        };
         for (mode, lan, wiring) in cases {
-            n += 1;
+            let mut n = CASES_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
             let tag = format!("{}{pid}s{n}", cluster::NS_PREFIX);
             let result = scenario(l, &version, mode, lan, wiring, &tag).or_else(|e| {
                 if e.downcast_ref::<LauncherTimedOut>().is_none() {
@@ -939,7 +1159,7 @@ fn mpi_launchers() {
                     l.label,
                     mode.label()
                 ));
-                n += 1;
+                n = CASES_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
                 let tag = format!("{}{pid}s{n}", cluster::NS_PREFIX);
                 scenario(l, &version, mode, lan, wiring, &tag)
             });
@@ -973,5 +1193,9 @@ fn mpi_launchers() {
     if !leftover.is_empty() {
         failures.push(format!("namespaces left behind: {leftover:?}"));
     }
+    say(&format!(
+        "suite {suite:?} took {:.0} s",
+        started.elapsed().as_secs_f64()
+    ));
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -42,15 +42,43 @@ pub struct JobSetShape {
     pub container: Option<&'static str>,
     /// `mpi-webhook.io/slots-per-node`. `None`: no annotation, 1 (the pods ask for no GPUs).
     pub slots_per_node: Option<u32>,
-    /// `mpi-webhook.io/ssh-port`. `None`: no annotation, 22 (the emulated image's ssh client
-    /// default, which the webhook's default sshd command matches).
+    /// `mpi-webhook.io/ssh-port`. `None`: no annotation, the default of the ssh setup (22 with
+    /// `image`: the emulated image's ssh client default, which the webhook's default sshd
+    /// command matches; 2222 with `generated`).
     pub ssh_port: Option<u16>,
+    /// `mpi-webhook.io/ssh-setup`. `None`: no annotation, `generated`.
+    pub ssh_setup: Option<&'static str>,
+    /// The pods run as the UID the platform assigns ([`ANY_UID`], GID 0), as OpenShift does: the
+    /// template names no user, the image has no passwd entry for it, all capabilities are dropped
+    /// and no_new_privs is set. `false`: root.
+    pub any_uid: bool,
+    /// `mpi-webhook.io/preflight: "false"`.
+    pub no_preflight: bool,
 }
 
+/// The UID OpenShift's `restricted-v2` would assign (the first of a namespace's range).
+pub const ANY_UID: u32 = 1_000_650_000;
+
 impl JobSetShape {
+    /// `image` as today's JobSet mode (the image sets up ssh).
+    pub const IMAGE: JobSetShape = JobSetShape {
+        container: None,
+        slots_per_node: None,
+        ssh_port: None,
+        ssh_setup: Some("image"),
+        any_uid: false,
+        no_preflight: false,
+    };
+
+    /// Whether the webhook's init container sets up ssh.
+    pub fn generated(self) -> bool {
+        self.ssh_setup != Some("image")
+    }
+
     /// The port the workers' sshd must listen on and the launcher's ssh must dial.
     pub fn ssh_port(self) -> u16 {
-        self.ssh_port.unwrap_or(22)
+        self.ssh_port
+            .unwrap_or(if self.generated() { 2222 } else { 22 })
     }
 }
 
@@ -60,6 +88,8 @@ pub const RUN_LAUNCHER_AS_NODE_ANNOTATION: &str = "mpi-webhook.io/run-launcher-a
 pub const CONTAINER_ANNOTATION: &str = "mpi-webhook.io/container";
 pub const SLOTS_PER_NODE_ANNOTATION: &str = "mpi-webhook.io/slots-per-node";
 pub const SSH_PORT_ANNOTATION: &str = "mpi-webhook.io/ssh-port";
+pub const SSH_SETUP_ANNOTATION: &str = "mpi-webhook.io/ssh-setup";
+pub const PREFLIGHT_ANNOTATION: &str = "mpi-webhook.io/preflight";
 /// `review mutate --preflight-image` of every JobSet-mode run: the launcher pod gets the
 /// pre-flight init container, which the test runs before the launcher's command.
 pub const PREFLIGHT_IMAGE: &str = "mpiw.test/mpi-webhook:latest";
@@ -89,6 +119,9 @@ pub struct Image {
     pub sshd_config: &'static str,
     /// The port the image's sshd listens on, and its ssh client's default port.
     pub sshd_port: u16,
+    /// The UID and GID the platform runs a container as when neither it nor its pod names a
+    /// user (OpenShift's SCCs); `None`: the image's default user.
+    pub platform_user: Option<(u32, u32)>,
 }
 
 /// Upstream's runtimes (manifests/runtimes/deepspeed_distributed.yaml): `runAsUser: 1000`,
@@ -104,6 +137,7 @@ const TRAINER_RUNTIME_IMAGE: Image = Image {
     ssh_auth_mount_path: "/home/mpiuser/.ssh",
     sshd_config: "/home/mpiuser/.sshd_config",
     sshd_port: 2222,
+    platform_user: None,
 };
 
 /// A root image (mpi-operator's base images run sshd as root on port 22): no user to switch to,
@@ -113,14 +147,29 @@ const ROOT_IMAGE: Image = Image {
     ssh_auth_mount_path: "/root/.ssh",
     sshd_config: "/etc/ssh/sshd_config",
     sshd_port: 22,
+    platform_user: None,
 };
 
 impl Mode {
     pub fn image(self) -> Image {
         match self {
             Mode::TrainJob => TRAINER_RUNTIME_IMAGE,
+            Mode::JobSet(shape) if shape.any_uid => Image {
+                platform_user: Some((ANY_UID, 0)),
+                ..ROOT_IMAGE
+            },
             Mode::JobSet(_) => ROOT_IMAGE,
         }
+    }
+
+    /// The uid every rank must run as: the platform's, the image's user's, else root.
+    pub fn uid(self) -> u32 {
+        let image = self.image();
+        image
+            .platform_user
+            .map(|(uid, _)| uid)
+            .or(image.user.map(|u| u.uid))
+            .unwrap_or(0)
     }
 
     pub fn label(self) -> &'static str {
@@ -194,7 +243,7 @@ pub fn inputs(
 /// The user's env a root launcher of `l` needs: Open MPI refuses to run as root unless told
 /// (this is the user's env, not MPI wiring, and reaches the launcher like any other).
 fn root_env(l: &Launcher, image: Image) -> Vec<Value> {
-    if l.implementation == "OpenMPI" && image.user.is_none() {
+    if l.implementation == "OpenMPI" && image.user.is_none() && image.platform_user.is_none() {
         vec![
             json!({"name": "OMPI_ALLOW_RUN_AS_ROOT", "value": "1"}),
             json!({"name": "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "value": "1"}),
@@ -341,6 +390,12 @@ fn jobset_mode_inputs(
     }
     if let Some(port) = shape.ssh_port {
         annotations.insert(SSH_PORT_ANNOTATION.into(), json!(port.to_string()));
+    }
+    if let Some(setup) = shape.ssh_setup {
+        annotations.insert(SSH_SETUP_ANNOTATION.into(), json!(setup));
+    }
+    if shape.no_preflight {
+        annotations.insert(PREFLIGHT_ANNOTATION.into(), json!("false"));
     }
     let jobset = json!({
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
