@@ -669,7 +669,9 @@ impl Cluster {
                 .map(|r| r.setpriv())
                 .unwrap_or_default();
             let _ = writeln!(s, "exec {} \"$@\"", setpriv.join(" "));
-            let name = container["name"].as_str().context("container without name")?;
+            let name = container["name"]
+                .as_str()
+                .context("container without name")?;
             write_file(&p.script(name), s.as_bytes(), 0o755)?;
         }
         Ok(())
@@ -688,7 +690,9 @@ impl Cluster {
         let home = self
             .run_as(p, container)?
             .map_or("/root".to_string(), |r| r.home);
-        let name = container["name"].as_str().context("container without name")?;
+        let name = container["name"]
+            .as_str()
+            .context("container without name")?;
         let mut cmd = Command::new("ip");
         cmd.args([
             "netns",

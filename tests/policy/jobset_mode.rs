@@ -55,8 +55,21 @@ fn rjobs() -> Vec<Value> {
     ]
 }
 
-/// A JobSet-mode JobSet `pi` with the given implementation and annotations.
+const SSH_SETUP: &str = "mpi-webhook.io/ssh-setup";
+
+/// A JobSet-mode JobSet `pi` with the given implementation and annotations, and `ssh-setup:
+/// image` unless they say otherwise: the tests of the settings and rules from before `generated`
+/// (whose own tests are at the end) keep their exact patches.
 fn jobset(implementation: &str, annotations: Value, rjobs: Vec<Value>) -> Value {
+    let mut annotations = annotations;
+    if let Value::Object(map) = &mut annotations {
+        map.entry(SSH_SETUP).or_insert(json!("image"));
+    }
+    generated_jobset(implementation, annotations, rjobs)
+}
+
+/// A JobSet-mode JobSet `pi` with exactly the given annotations.
+fn generated_jobset(implementation: &str, annotations: Value, rjobs: Vec<Value>) -> Value {
     json!({
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
@@ -563,7 +576,7 @@ async fn on_update_the_label_and_annotations_are_immutable() {
     .await;
     assert_eq!(
         response["status"]["message"],
-        r#"[metadata.labels[mpi-webhook.io/implementation]: Invalid value: "": field is immutable, metadata.annotations[mpi-webhook.io/slots-per-node]: Invalid value: "": field is immutable]"#
+        r#"[metadata.labels[mpi-webhook.io/implementation]: Invalid value: "": field is immutable, metadata.annotations[mpi-webhook.io/slots-per-node]: Invalid value: "": field is immutable, metadata.annotations[mpi-webhook.io/ssh-setup]: Invalid value: "": field is immutable]"#
     );
     let added = jobset("OpenMPI", json!({}), rjobs());
     let response = review(
@@ -575,7 +588,7 @@ async fn on_update_the_label_and_annotations_are_immutable() {
     .await;
     assert_eq!(
         response["status"]["message"],
-        r#"metadata.labels[mpi-webhook.io/implementation]: Invalid value: "OpenMPI": field is immutable"#
+        r#"[metadata.labels[mpi-webhook.io/implementation]: Invalid value: "OpenMPI": field is immutable, metadata.annotations[mpi-webhook.io/ssh-setup]: Invalid value: "image": field is immutable]"#
     );
     let ported = jobset(
         "OpenMPI",
@@ -1032,4 +1045,249 @@ async fn the_preflight_meets_the_restricted_pod_security_standard() {
         super::pss::restricted_violations(&alone),
         Vec::<String>::new()
     );
+}
+
+// `mpi-webhook.io/ssh-setup` (interface.md "JobSet mode on hardened clusters").
+
+/// The wired containers' mounts under `generated`: the emptyDir, and `/etc/passwd` from it.
+fn runtime_mounts() -> Value {
+    json!([
+        {"name": "mpi-ssh-runtime", "mountPath": "/run/mpi-ssh"},
+        {"name": "mpi-ssh-runtime", "mountPath": "/etc/passwd", "subPath": "passwd"}
+    ])
+}
+
+fn names_of(list: &Value) -> Vec<&str> {
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect()
+}
+
+#[tokio::test]
+async fn generated_is_the_default_and_wires_an_init_container_in_both_pods() {
+    let js = defaulted(
+        generated_jobset("OpenMPI", json!({}), minimal_rjobs()),
+        IMAGE,
+    )
+    .await;
+    let (worker, launcher) = (pod_spec(&js, 0), pod_spec(&js, 1));
+    let secret = json!({"name": "mpi-ssh-auth", "secret": {
+        "secretName": "pi-mpi-ssh-auth", "defaultMode": 292,
+        "items": [{"key": "ssh-privatekey", "path": "id_rsa"},
+                  {"key": "ssh-publickey", "path": "id_rsa.pub"}]}});
+    let runtime = json!({"name": "mpi-ssh-runtime", "emptyDir": {}});
+    assert_eq!(worker["volumes"], json!([secret, runtime]));
+    assert_eq!(
+        launcher["volumes"],
+        json!([secret, hostfile_volume("pi"), runtime])
+    );
+    // First in both pods, before the pre-flight; in the wired container's image.
+    assert_eq!(names_of(&worker["initContainers"]), ["mpi-ssh-setup"]);
+    assert_eq!(
+        names_of(&launcher["initContainers"]),
+        ["mpi-ssh-setup", "mpi-preflight"]
+    );
+    assert_eq!(launcher["initContainers"][1], preflight("2222"));
+    let setup = &worker["initContainers"][0];
+    assert_eq!(setup["image"], "mpi:latest");
+    assert_eq!(
+        setup["command"],
+        json!([
+            "sh",
+            "-c",
+            mpi_webhook::mpi::jobset_mode::ssh_setup::script(2222)
+        ])
+    );
+    assert_eq!(
+        setup["volumeMounts"],
+        json!([
+            {"name": "mpi-ssh-auth", "mountPath": "/run/mpi-ssh-secret", "readOnly": true},
+            {"name": "mpi-ssh-runtime", "mountPath": "/run/mpi-ssh"}
+        ])
+    );
+    // The wired containers never mount the Secret.
+    let node = &worker["containers"][0];
+    assert_eq!(node["volumeMounts"], runtime_mounts());
+    assert_eq!(
+        node["command"],
+        json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
+    );
+    assert_eq!(node["readinessProbe"], json!({"tcpSocket": {"port": 2222}}));
+    let mpirun = &launcher["containers"][0];
+    let mut mounts = runtime_mounts();
+    mounts
+        .as_array_mut()
+        .expect("list")
+        .insert(0, json!({"name": "mpi-hostfile", "mountPath": "/etc/mpi"}));
+    mounts.as_array_mut().expect("list").rotate_left(1);
+    assert_eq!(mpirun["volumeMounts"], mounts);
+    let args: Vec<&Value> = mpirun["env"]
+        .as_array()
+        .expect("env")
+        .iter()
+        .filter(|e| e["name"].as_str().is_some_and(|n| n.ends_with("_args")))
+        .map(|e| &e["value"])
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "-o ConnectionAttempts=10 -F /run/mpi-ssh/ssh_config",
+            "-o ConnectionAttempts=10 -F /run/mpi-ssh/ssh_config"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn the_setup_runs_as_the_wired_container_and_another_port_reaches_everything() {
+    let mut rjobs = minimal_rjobs();
+    let user = json!({"runAsUser": 1000, "runAsGroup": 0, "runAsNonRoot": true,
+                      "readOnlyRootFilesystem": true});
+    rjobs[0]["template"]["spec"]["template"]["spec"]["containers"][0]["securityContext"] = user;
+    let js = defaulted(
+        generated_jobset(
+            "MPICH",
+            json!({"mpi-webhook.io/ssh-port": "2022", "mpi-webhook.io/ssh-setup": "generated"}),
+            rjobs,
+        ),
+        IMAGE,
+    )
+    .await;
+    let setup = &pod_spec(&js, 0)["initContainers"][0];
+    assert_eq!(
+        setup["securityContext"],
+        json!({"runAsUser": 1000, "runAsGroup": 0, "runAsNonRoot": true,
+               "allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+               "seccompProfile": {"type": "RuntimeDefault"}})
+    );
+    assert!(
+        setup["command"][2]
+            .as_str()
+            .is_some_and(|s| s.contains("'  Port 2022'") && s.contains("'Port 2022'"))
+    );
+    assert_eq!(
+        pod_spec(&js, 0)["containers"][0]["readinessProbe"],
+        json!({"tcpSocket": {"port": 2022}})
+    );
+    assert_eq!(pod_spec(&js, 1)["initContainers"][1], preflight("2022"));
+    let env = &pod_spec(&js, 1)["containers"][0]["env"];
+    assert_eq!(
+        env[1],
+        json!({"name": "HYDRA_LAUNCHER_EXTRA_ARGS",
+               "value": "-o ConnectionAttempts=10 -F /run/mpi-ssh/ssh_config"})
+    );
+}
+
+#[tokio::test]
+async fn image_gives_the_patch_of_jobset_mode_before_generated() {
+    let js = defaulted(
+        jobset(
+            "OpenMPI",
+            json!({"mpi-webhook.io/ssh-setup": "image"}),
+            minimal_rjobs(),
+        ),
+        IMAGE,
+    )
+    .await;
+    assert_eq!(pod_spec(&js, 0)["volumes"], json!([strict_ssh_volume()]));
+    assert_eq!(
+        names_of(&pod_spec(&js, 0)["initContainers"]),
+        Vec::<&str>::new()
+    );
+    assert_eq!(pod_spec(&js, 1)["initContainers"], json!([preflight("22")]));
+    assert_eq!(
+        pod_spec(&js, 0)["containers"][0]["command"],
+        json!(["/usr/sbin/sshd", "-De", "-p", "22"])
+    );
+}
+
+#[tokio::test]
+async fn ssh_setup_values_are_checked_and_the_mount_path_needs_image() {
+    assert_eq!(
+        denial(generated_jobset(
+            "OpenMPI",
+            json!({"mpi-webhook.io/ssh-setup": "root"}),
+            rjobs()
+        ))
+        .await,
+        r#"metadata.annotations[mpi-webhook.io/ssh-setup]: Unsupported value: "root": supported values: "generated", "image""#
+    );
+    let want = r#"metadata.annotations[mpi-webhook.io/ssh-auth-mount-path]: Invalid value: "/home/mpi/.ssh": must not be set when mpi-webhook.io/ssh-setup is "generated" (the default): the SSH key is no longer mounted there; set mpi-webhook.io/ssh-setup: "image" to mount it there"#;
+    for annotations in [
+        json!({"mpi-webhook.io/ssh-auth-mount-path": "/home/mpi/.ssh"}),
+        json!({"mpi-webhook.io/ssh-auth-mount-path": "/home/mpi/.ssh",
+               "mpi-webhook.io/ssh-setup": "generated"}),
+    ] {
+        assert_eq!(
+            denial(generated_jobset("OpenMPI", annotations, rjobs())).await,
+            want
+        );
+    }
+    let image = jobset(
+        "OpenMPI",
+        json!({"mpi-webhook.io/ssh-auth-mount-path": "/home/mpi/.ssh"}),
+        rjobs(),
+    );
+    assert_eq!(validate(image).await["allowed"], true);
+}
+
+#[tokio::test]
+async fn ssh_setup_is_fixed_at_creation_and_old_jobsets_stay_image() {
+    let old = generated_jobset("OpenMPI", json!({}), rjobs());
+    let new = generated_jobset(
+        "OpenMPI",
+        json!({"mpi-webhook.io/ssh-setup": "image"}),
+        rjobs(),
+    );
+    let response = review(Route::ValidateJobSet, "UPDATE", new, Some(old)).await;
+    assert_eq!(
+        response["status"]["message"],
+        r#"metadata.annotations[mpi-webhook.io/ssh-setup]: Invalid value: "image": field is immutable"#
+    );
+    // A JobSet the webhook wired before `generated` was the default (the Secret mounted in the
+    // launcher's container, the env without ` -F`, a mount path of its own): its UPDATEs are
+    // judged as `image`, as it was made.
+    let annotations = json!({"mpi-webhook.io/ssh-auth-mount-path": "/home/mpi/.ssh"});
+    let made = defaulted(jobset("Intel", annotations.clone(), rjobs()), IMAGE).await;
+    let mut before = made.clone();
+    before["metadata"]["annotations"] = annotations;
+    let response = review(
+        Route::ValidateJobSet,
+        "UPDATE",
+        before.clone(),
+        Some(before),
+    )
+    .await;
+    assert_eq!(response["allowed"], true, "{response}");
+}
+
+#[tokio::test]
+async fn generated_pods_meet_the_restricted_pod_security_standard() {
+    let restricted = json!({"runAsNonRoot": true, "seccompProfile": {"type": "RuntimeDefault"}});
+    let mut rjobs = minimal_rjobs();
+    for rjob in &mut rjobs {
+        let pod = &mut rjob["template"]["spec"]["template"]["spec"];
+        pod["securityContext"] = restricted.clone();
+        pod["containers"][0]["securityContext"] =
+            json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]}});
+    }
+    let js = defaulted(generated_jobset("OpenMPI", json!({}), rjobs), IMAGE).await;
+    for i in [0, 1] {
+        assert_eq!(
+            super::pss::restricted_violations(pod_spec(&js, i)),
+            Vec::<String>::new()
+        );
+        // The webhook's init containers meet it on their own, but for runAsNonRoot, which the
+        // pod (or the platform) gives every container.
+        let alone = json!({
+            "securityContext": {"runAsNonRoot": true},
+            "initContainers": pod_spec(&js, i)["initContainers"],
+            "volumes": pod_spec(&js, i)["volumes"],
+        });
+        assert_eq!(
+            super::pss::restricted_violations(&alone),
+            Vec::<String>::new()
+        );
+    }
 }

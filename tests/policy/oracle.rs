@@ -22,6 +22,8 @@ use mpi_webhook::mpi::{
 };
 use serde_json::{Map, Value, json};
 
+use mpi_webhook::mpi::jobset_mode::ssh_setup::script;
+
 use super::preflight::preflight_container;
 
 const PREFLIGHT: &str = "mpi-preflight";
@@ -41,6 +43,64 @@ fn ssh_auth_volume(plan: &MpiPlan) -> Value {
         }
     })
 }
+
+/// `generated`'s Secret volume: 0444 for every file, no item modes.
+fn generated_ssh_auth_volume(plan: &MpiPlan) -> Value {
+    json!({
+        "name": SSH_AUTH_VOLUME,
+        "secret": {
+            "secretName": ssh_secret_name(&plan.jobset_name),
+            "defaultMode": 0o444,
+            "items": [
+                {"key": SSH_PRIVATE_KEY, "path": SSH_PRIVATE_KEY_FILE},
+                {"key": SSH_PUBLIC_KEY, "path": SSH_PUBLIC_KEY_FILE},
+            ]
+        }
+    })
+}
+
+/// `generated`'s init container, in the image and as the user of `wired`.
+fn ssh_setup_container(wired: &Value, port: u16) -> Value {
+    let mut security = Map::new();
+    for key in ["runAsUser", "runAsGroup", "runAsNonRoot"] {
+        if let Some(v) = wired
+            .get("securityContext")
+            .and_then(|c| c.get(key))
+            .filter(|v| !v.is_null())
+        {
+            security.insert(key.into(), v.clone());
+        }
+    }
+    security.insert("allowPrivilegeEscalation".into(), json!(false));
+    security.insert("capabilities".into(), json!({"drop": ["ALL"]}));
+    security.insert("seccompProfile".into(), json!({"type": "RuntimeDefault"}));
+    let mut c = Map::new();
+    c.insert("name".into(), json!(SSH_SETUP));
+    if let Some(image) = wired.get("image").filter(|v| !v.is_null()) {
+        c.insert("image".into(), image.clone());
+    }
+    c.insert("command".into(), json!(["sh", "-c", script(port)]));
+    c.insert(
+        "volumeMounts".into(),
+        json!([
+            {"name": "mpi-ssh-auth", "mountPath": "/run/mpi-ssh-secret", "readOnly": true},
+            {"name": "mpi-ssh-runtime", "mountPath": "/run/mpi-ssh"}
+        ]),
+    );
+    c.insert(
+        "terminationMessagePolicy".into(),
+        json!("FallbackToLogsOnError"),
+    );
+    c.insert(
+        "resources".into(),
+        json!({"requests": {"cpu": "10m", "memory": "16Mi"},
+               "limits": {"cpu": "100m", "memory": "32Mi"}}),
+    );
+    c.insert("securityContext".into(), Value::Object(security));
+    Value::Object(c)
+}
+
+const SSH_SETUP: &str = "mpi-ssh-setup";
 
 /// The launcher's hostfile volume (C.3).
 fn hostfile_volume(plan: &MpiPlan) -> Value {
@@ -201,10 +261,44 @@ fn wire(
         pod_spec = member_object(pod_spec, &at, key)?;
         at = format!("{at}.{key}");
     }
+    let generated = plan.generated_ssh();
     let volumes = member_list(pod_spec, &at, "volumes")?;
-    upsert(volumes, "name", ssh_auth_volume(plan));
+    if generated {
+        upsert(volumes, "name", generated_ssh_auth_volume(plan));
+    } else {
+        upsert(volumes, "name", ssh_auth_volume(plan));
+    }
     if is_launcher {
         upsert(volumes, "name", hostfile_volume(plan));
+    }
+    if generated {
+        upsert(
+            volumes,
+            "name",
+            json!({"name": "mpi-ssh-runtime", "emptyDir": {}}),
+        );
+    }
+    // `generated`: the ssh setup first among the init containers of both pods, unless one of
+    // that name is there, among them or among the containers.
+    let wired = pod_spec
+        .get("containers")
+        .and_then(Value::as_array)
+        .and_then(|list| {
+            list.iter().enumerate().find(|(c, entry)| {
+                plan.wired_container
+                    .wires(*c, entry.get("name").and_then(Value::as_str))
+            })
+        })
+        .map(|(_, entry)| entry.clone());
+    let setup_taken = pod_spec
+        .get("containers")
+        .and_then(Value::as_array)
+        .is_some_and(|containers| named(containers, SSH_SETUP));
+    if let (true, Some(wired), false) = (generated, &wired, setup_taken) {
+        let init = member_list(pod_spec, &at, "initContainers")?;
+        if !named(init, SSH_SETUP) {
+            init.insert(0, ssh_setup_container(wired, port));
+        }
     }
     // JobSet mode: the pre-flight first among the launcher's init containers, unless one of
     // that name is there, among them or among the containers.
@@ -215,7 +309,15 @@ fn wire(
     if let (true, Some(image), false) = (is_launcher, plan.preflight_image(), taken) {
         let init = member_list(pod_spec, &at, "initContainers")?;
         if !named(init, PREFLIGHT) {
-            init.insert(0, preflight_container(image, &port.to_string()));
+            // After the ssh setup, when there is one.
+            let at = match generated {
+                true => init
+                    .iter()
+                    .position(|c| c.get("name") == Some(&json!(SSH_SETUP)))
+                    .map_or(0, |p| p + 1),
+                false => 0,
+            };
+            init.insert(at, preflight_container(image, &port.to_string()));
         }
     }
     // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in
@@ -233,11 +335,24 @@ fn wire(
         let at = format!("{at}.containers[{c}]");
         let container = object(container, &at)?;
         let mounts = member_list(container, &at, "volumeMounts")?;
-        upsert(
-            mounts,
-            "mountPath",
-            mount(SSH_AUTH_VOLUME, &plan.ssh_auth_mount_path),
-        );
+        if generated {
+            upsert(
+                mounts,
+                "mountPath",
+                mount("mpi-ssh-runtime", "/run/mpi-ssh"),
+            );
+            upsert(
+                mounts,
+                "mountPath",
+                json!({"name": "mpi-ssh-runtime", "mountPath": "/etc/passwd", "subPath": "passwd"}),
+            );
+        } else {
+            upsert(
+                mounts,
+                "mountPath",
+                mount(SSH_AUTH_VOLUME, &plan.ssh_auth_mount_path),
+            );
+        }
         if is_launcher {
             upsert(mounts, "mountPath", mount(HOSTFILE_VOLUME, HOSTFILE_DIR));
             let env = member_list(container, &at, "env")?;
@@ -249,10 +364,12 @@ fn wire(
         // readiness probe on its port.
         if defaults && !is_launcher {
             if unset(container.get("command")) && unset(container.get("args")) {
-                container.insert(
-                    "command".into(),
-                    json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()]),
-                );
+                let command = if generated {
+                    json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
+                } else {
+                    json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()])
+                };
+                container.insert("command".into(), command);
             }
             if unset(container.get("readinessProbe")) {
                 container.insert(
