@@ -1,10 +1,10 @@
 //! The JobSet mutation (spec C) and the hostfile (D.2/D.3): upstream TestMPI (E.1) and the
 //! other upstream MPI tests (E.3), re-expressed against the raw-JSON patch.
 
+use json_patch::PatchOperation;
 use mpi_webhook::api::TrainingRuntime;
 use mpi_webhook::mpi::hostfile::hostfile;
 use mpi_webhook::mpi::plan::MpiPlan;
-use json_patch::PatchOperation;
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 

@@ -154,9 +154,9 @@ pub fn check(kind: &'static str, key: &str, input: Input<'_>, answer: &Value) {
     let object = input.object();
     let now = settled(object.as_ref(), answer);
     let text = serde_json::to_string(&now).ok();
-    let matched = recorded.iter().find(|&&i| {
-        serde_json::to_string(&settled(object.as_ref(), &answers[i])).ok() == text
-    });
+    let matched = recorded
+        .iter()
+        .find(|&&i| serde_json::to_string(&settled(object.as_ref(), &answers[i])).ok() == text);
     let Some(&matched) = matched else {
         let recorded: Vec<&Value> = recorded.iter().map(|&i| &answers[i]).collect();
         panic!(
@@ -243,7 +243,8 @@ fn stats(kind: &str, key: &str, recorded: &Value, now: &Value) {
             .find_map(|at| answer.pointer(at))
             .map(|patch| json!({"ops": patch.as_array().map_or(0, Vec::len), "bytes": patch.to_string().len()}))
     };
-    let line = json!({"kind": kind, "key": key, "before": measure(recorded), "after": measure(now)});
+    let line =
+        json!({"kind": kind, "key": key, "before": measure(recorded), "after": measure(now)});
     let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
     writeln!(file, "{line}").expect("stats written");
 }
