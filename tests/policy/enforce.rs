@@ -491,9 +491,10 @@ fn fresh_wired_incomplete_and_wrong_jobsets_are_written_as_the_reference_writes_
     no_pod_spec["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"] = Value::Null;
     let ops = enforce(&plan, &no_pod_spec).expect("patchable");
     assert!(
-        ops.iter().any(|op| op.path().to_string()
-            == "/spec/replicatedJobs/0/template/spec/template/spec"
-            && matches!(op, PatchOperation::Replace(r) if r.value["volumes"].is_array())),
+        ops.iter().any(
+            |op| op.path() == "/spec/replicatedJobs/0/template/spec/template/spec"
+                && matches!(op, PatchOperation::Replace(r) if r.value["volumes"].is_array())
+        ),
         "a null level is replaced with the entry inside: {ops:?}"
     );
     let mut wrong_type = fresh;

@@ -35,7 +35,7 @@ fn launcher_env(implementation: &str, slots: i64, port: u16) -> Vec<(&'static st
         22 => CONNECTION_ATTEMPTS.to_owned(),
         port => format!("{CONNECTION_ATTEMPTS} -p {port}"),
     };
-    let env = match implementation {
+    match implementation {
         "OpenMPI" => vec![
             ("OMPI_MCA_orte_default_hostfile", HOSTFILE.to_owned()),
             ("OMPI_MCA_orte_keep_fqdn_hostnames", "true".to_owned()),
@@ -58,8 +58,7 @@ fn launcher_env(implementation: &str, slots: i64, port: u16) -> Vec<(&'static st
             ("HYDRA_IFACE", "eth0".to_owned()),
         ],
         other => panic!("no launcher env for {other:?} in docs/behaviour.md"),
-    };
-    env
+    }
 }
 
 /// The workers' sshd port: 22 but in JobSet mode with `mpi-webhook.io/ssh-port`.
