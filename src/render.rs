@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::mpi::Owner;
 use crate::mpi::objects_for::{
-    Problem, hostfile_for, jobset_hostfile, jobset_network_policy, runtime_ref,
+    Problem, Unresolved, hostfile_for, jobset_hostfile, jobset_network_policy, runtime_of,
     train_job_network_policy,
 };
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair, ssh_secret};
@@ -26,6 +26,9 @@ pub enum RenderError {
     /// An object could not be written as YAML.
     #[error("failed to write YAML: {0}")]
     Yaml(#[source] serde_saphyr::SerializeError),
+    /// A lookup failed (a snapshot's never does: it shares the reconciler's lookup code).
+    #[error(transparent)]
+    Lookup(#[from] crate::objects::LookupError),
 }
 
 /// The output of `render`.
@@ -63,10 +66,14 @@ pub fn render(
 ) -> Result<Rendered, RenderError> {
     let mut rendered = Rendered::default();
     for train_job in snapshot.train_jobs() {
-        let configmap = runtime_ref(train_job).and_then(|(kind, name)| {
-            let runtime = snapshot.get_runtime(kind, train_job.namespace(), name);
-            hostfile_for(train_job, kind, runtime.as_deref())
-        });
+        // A snapshot answers at once: its lookup's future is ready when first polled.
+        let runtime =
+            futures::executor::block_on(runtime_of(snapshot, train_job, train_job.namespace()));
+        let configmap = match runtime {
+            Ok(runtime) => hostfile_for(train_job, &runtime),
+            Err(Unresolved::Problem(problem)) => Err(problem),
+            Err(Unresolved::Lookup(error)) => return Err(error.into()),
+        };
         let objects = configmap.map(|configmap| {
             configmap.map(|c| {
                 (

@@ -295,11 +295,15 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
         ]
     );
     let preflight = preflight::preflight_container(image, "2222");
-    expected.push(serde_json::json!({
-        "op": "add",
-        "path": format!("{}/initContainers", pod(1)),
-        "value": [preflight],
-    }));
+    // The launcher's pod template comes before its dependsOn in the replicatedJob.
+    expected.insert(
+        2,
+        serde_json::json!({
+            "op": "add",
+            "path": format!("{}/initContainers", pod(1)),
+            "value": [preflight],
+        }),
+    );
     let with_image = patch_of(&["review", "mutate", file, "--preflight-image", image]);
     assert_eq!(defaults(&with_image), expected);
     let others = |patch: &[Value]| -> Vec<Value> {

@@ -262,16 +262,23 @@ async fn jobset_mode_is_patched_validated_and_fixed_after_creation() {
         &uid(&review),
     );
     assert_eq!(response["allowed"], true, "{response}");
-    let patch = patch_of(&response);
+    let patch: json_patch::Patch =
+        serde_json::from_value(Value::Array(patch_of(&response))).expect("RFC 6902");
+    let mut patched = review["request"]["object"].clone();
+    json_patch::patch(&mut patched, &patch).expect("the patch applies");
+    let pod =
+        |i: usize| &patched["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
     assert_eq!(
-        patch[0]["value"][0]["secret"]["items"][0],
+        pod(0)["volumes"][0]["secret"]["items"][0],
         json!({"key": "ssh-privatekey", "path": "id_rsa", "mode": 384})
     );
+    let envs: Vec<&Value> = (0..2)
+        .flat_map(|i| pod(i)["containers"].as_array().into_iter().flatten())
+        .flat_map(|c| c["env"].as_array().into_iter().flatten())
+        .collect();
     assert!(
-        patch
-            .iter()
-            .any(|op| op["value"] == json!({"name": "HYDRA_IFACE", "value": "eth0"})),
-        "{patch:?}"
+        envs.contains(&&json!({"name": "HYDRA_IFACE", "value": "eth0"})),
+        "{patched}"
     );
     let response = response_for(
         &f.post_json(Route::ValidateJobSet, &review).await,

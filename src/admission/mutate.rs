@@ -3,17 +3,20 @@
 //! annotations ask for (JobSet mode).
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use serde::Deserialize;
 use serde_json::Value;
+
+use crate::api::{JobSet, JobSetSpec};
 
 use crate::field_error::aggregate;
 use crate::mpi::enforce::enforce_mpi_policy;
 use crate::mpi::jobset_mode::{self, Mode};
-use crate::mpi::plan::{MpiPlan, PlanError};
+use crate::mpi::objects_for::{Problem, Unresolved, runtime_of};
+use crate::mpi::plan::MpiPlan;
 use crate::objects::ObjectSource;
 use crate::raw_json::RawJson;
 
 use super::read::{self, Request};
-use super::validate::read_jobset;
 use super::{InternalError, Options, Verdict};
 
 /// `/mutate-jobset-x-k8s-io-v1alpha2-jobset` on CREATE, for the JobSet `object` of `req`.
@@ -36,7 +39,7 @@ pub(super) async fn jobset<S: ObjectSource>(
     };
     let plan = match jobset_mode::mode(&metadata) {
         Mode::Plain => Ok(None),
-        Mode::JobSet => jobset_mode_plan(object, options).map(Some),
+        Mode::JobSet => jobset_mode_plan(object, metadata.clone(), options).map(Some),
         Mode::TrainJob(owner) => train_job_plan(req, &metadata, owner, objects).await,
     };
     match plan {
@@ -54,9 +57,22 @@ pub(super) async fn jobset<S: ObjectSource>(
 
 /// JobSet mode's plan. A JobSet breaking a rule of the mode is denied here too, with the
 /// validating route's message, so that no pod starts half wired whatever the order of the
-/// webhooks. The mode's rules read the whole JobSet, typed, from the same JSON, and quote it.
-fn jobset_mode_plan(object: &Value, options: &Options) -> Result<MpiPlan, Verdict> {
-    let jobset = read_jobset(object)?;
+/// webhooks. The mode's rules read the JobSet typed, its spec from the same JSON (the metadata
+/// already read), and quote it.
+fn jobset_mode_plan(
+    object: &Value,
+    metadata: ObjectMeta,
+    options: &Options,
+) -> Result<MpiPlan, Verdict> {
+    /// Of the JobSet, the spec: the metadata is read once, before the mode is known.
+    #[derive(Deserialize)]
+    struct Spec {
+        #[serde(default)]
+        spec: JobSetSpec,
+    }
+    let Spec { spec } =
+        read::object(object).map_err(|e| Verdict::deny(format!("JobSet cannot be read: {e}")))?;
+    let jobset = JobSet { metadata, spec };
     let checked = jobset_mode::check(&jobset, &RawJson::from(object));
     match (aggregate(&checked.errors), checked.plan) {
         (Some(message), _) => Err(Verdict::deny(message)),
@@ -101,26 +117,17 @@ async fn train_job_plan<S: ObjectSource>(
             owner.uid
         )));
     }
-    let kind = train_job
-        .spec
-        .runtime_ref
-        .runtime_kind()
-        .map_err(|e| Verdict::deny(format!("{train_job_ref}: {e}")))?;
-    let runtime_name = &train_job.spec.runtime_ref.name;
-    let runtime = match objects.runtime(kind, namespace, runtime_name).await {
-        Ok(Some(r)) => r,
-        Ok(None) => {
-            return Err(Verdict::deny(format!(
-                "{train_job_ref} refers to {} {runtime_name:?}, which was not found",
+    let runtime = runtime_of(objects, &train_job, namespace)
+        .await
+        .map_err(|e| match e {
+            Unresolved::Problem(Problem::RuntimeNotFound { kind, name }) => Verdict::deny(format!(
+                "{train_job_ref} refers to {} {name:?}, which was not found",
                 kind.as_str()
-            )));
-        }
-        Err(error) => return Err(Verdict::Internal(InternalError::Lookup(error))),
-    };
-    MpiPlan::new(&train_job, &runtime).map_err(|problem: PlanError| {
-        Verdict::deny(format!(
-            "{train_job_ref}: {}",
-            problem.detail(kind, runtime_name)
-        ))
-    })
+            )),
+            Unresolved::Problem(problem) => Verdict::deny(format!("{train_job_ref}: {problem}")),
+            Unresolved::Lookup(error) => Verdict::Internal(InternalError::Lookup(error)),
+        })?;
+    runtime
+        .plan(&train_job)
+        .map_err(|problem| Verdict::deny(format!("{train_job_ref}: {problem}")))
 }

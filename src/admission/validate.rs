@@ -9,6 +9,7 @@ use serde_json::Value;
 use crate::api::{JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
 use crate::mpi::jobset_mode::{self, Mode};
+use crate::mpi::objects_for::{Problem, Resolved, Unresolved, runtime_of};
 use crate::mpi::validate::{trainer_support_warning, validate_runtime, validate_train_job};
 use crate::objects::ObjectSource;
 use crate::raw_json::RawJson;
@@ -62,25 +63,21 @@ pub(super) async fn train_job<S: ObjectSource>(
         Ok(t) => t,
         Err(e) => return Verdict::deny(format!("TrainJob cannot be read: {e}")),
     };
-    let kind = match train_job.spec.runtime_ref.runtime_kind() {
-        Ok(kind) => kind,
-        Err(e) => return Verdict::deny(e.to_string()),
-    };
     let namespace = req
         .request
         .namespace
         .as_deref()
         .unwrap_or_else(|| train_job.namespace());
-    let name = &train_job.spec.runtime_ref.name;
     let raw = RawJson::from(object);
-    let runtime = match objects.runtime(kind, namespace, name).await {
-        Ok(Some(runtime)) => runtime,
-        Ok(None) => {
+    let Resolved { kind, runtime } = match runtime_of(objects, &train_job, namespace).await {
+        Ok(resolved) => resolved,
+        Err(Unresolved::Problem(Problem::RuntimeNotFound { kind, name })) => {
             return Verdict::deny(
-                aggregate(&[runtime_not_found(kind, name, &raw)]).unwrap_or_default(),
+                aggregate(&[runtime_not_found(kind, &name, &raw)]).unwrap_or_default(),
             );
         }
-        Err(error) => return Verdict::Internal(InternalError::Lookup(error)),
+        Err(Unresolved::Problem(problem)) => return Verdict::deny(problem.to_string()),
+        Err(Unresolved::Lookup(error)) => return Verdict::Internal(InternalError::Lookup(error)),
     };
     let errors = validate_train_job(&train_job, &raw, &runtime, kind);
     Verdict::from_checks(

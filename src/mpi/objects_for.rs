@@ -6,8 +6,11 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
+use std::sync::Arc;
+
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::field_error::{FieldError, aggregate};
+use crate::objects::{LookupError, ObjectSource};
 
 use super::hostfile::{HostfileTooLarge, hostfile_configmap};
 use super::jobset_mode::{self, Mode};
@@ -50,6 +53,49 @@ pub enum Problem {
     HostfileTooLarge(#[from] HostfileTooLarge),
 }
 
+/// A TrainJob's runtime, looked up once: what validation, mutation, the reconciler and
+/// `render` all start from, so that they agree on which runtime a TrainJob runs on.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    /// The runtime's kind.
+    pub kind: RuntimeKind,
+    /// The runtime.
+    pub runtime: Arc<TrainingRuntime>,
+}
+
+/// Why a TrainJob's runtime is not at hand.
+#[derive(Debug, thiserror::Error)]
+pub enum Unresolved {
+    /// `spec.runtimeRef` names neither runtime kind, or the runtime does not exist.
+    #[error(transparent)]
+    Problem(#[from] Problem),
+    /// The lookup itself failed.
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+}
+
+/// The runtime `train_job` refers to, looked up in `objects` in `namespace` (ignored for a
+/// ClusterTrainingRuntime).
+///
+/// # Errors
+/// [`Unresolved`]: [`Problem::UnsupportedRuntime`], [`Problem::RuntimeNotFound`], or the
+/// lookup's error.
+pub async fn runtime_of<S: ObjectSource>(
+    objects: &S,
+    train_job: &TrainJob,
+    namespace: &str,
+) -> Result<Resolved, Unresolved> {
+    let (kind, name) = runtime_ref(train_job)?;
+    match objects.runtime(kind, namespace, name).await? {
+        Some(runtime) => Ok(Resolved { kind, runtime }),
+        None => Err(Problem::RuntimeNotFound {
+            kind,
+            name: name.to_owned(),
+        }
+        .into()),
+    }
+}
+
 /// The runtime a TrainJob refers to: its kind and name.
 ///
 /// # Errors
@@ -59,35 +105,31 @@ pub fn runtime_ref(train_job: &TrainJob) -> Result<(RuntimeKind, &str), Problem>
     Ok((kind, train_job.spec.runtime_ref.name.as_str()))
 }
 
-/// The hostfile ConfigMap of `train_job` on its runtime (found by [`runtime_ref`]), or `None`
-/// when the runtime has no MPI policy. The reconciler and `render` both decide here, so they
-/// agree on which TrainJobs get objects and on every count and name.
+impl Resolved {
+    /// The plan of `train_job` on this runtime, `None` when the runtime has no MPI policy.
+    ///
+    /// # Errors
+    /// [`Problem::UnusableRuntime`] when its MPI policy cannot be used.
+    pub fn plan(&self, train_job: &TrainJob) -> Result<Option<MpiPlan>, Problem> {
+        MpiPlan::new(train_job, &self.runtime).map_err(|error| Problem::UnusableRuntime {
+            kind: self.kind,
+            name: train_job.spec.runtime_ref.name.clone(),
+            error,
+        })
+    }
+}
+
+/// The hostfile ConfigMap of `train_job` on its runtime ([`runtime_of`]), or `None` when the
+/// runtime has no MPI policy.
 ///
 /// # Errors
-/// [`Problem`] when the runtime is missing (`None`), its implementation is unsupported, or the
-/// hostfile would not fit.
+/// [`Problem`] when its implementation is unsupported or the hostfile would not fit.
 pub fn hostfile_for(
     train_job: &TrainJob,
-    kind: RuntimeKind,
-    runtime: Option<&TrainingRuntime>,
+    runtime: &Resolved,
 ) -> Result<Option<ConfigMap>, Problem> {
-    let runtime_name = &train_job.spec.runtime_ref.name;
-    let Some(runtime) = runtime else {
-        return Err(Problem::RuntimeNotFound {
-            kind,
-            name: runtime_name.clone(),
-        });
-    };
-    let plan = match MpiPlan::new(train_job, runtime) {
-        Ok(Some(plan)) => plan,
-        Ok(None) => return Ok(None),
-        Err(error) => {
-            return Err(Problem::UnusableRuntime {
-                kind,
-                name: runtime_name.clone(),
-                error,
-            });
-        }
+    let Some(plan) = runtime.plan(train_job)? else {
+        return Ok(None);
     };
     Ok(Some(hostfile_configmap(train_job, &plan)?))
 }

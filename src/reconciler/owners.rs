@@ -13,9 +13,9 @@ use kube::Resource;
 use crate::api::{JobSet, TrainJob};
 use crate::mpi::Owner;
 use crate::mpi::objects_for::{
-    hostfile_for, jobset_hostfile, jobset_network_policy, runtime_ref, train_job_network_policy,
+    Unresolved, hostfile_for, jobset_hostfile, jobset_network_policy, runtime_of,
+    train_job_network_policy,
 };
-use crate::objects::ObjectSource;
 
 use super::context::Context;
 use super::error::Error;
@@ -50,15 +50,13 @@ impl MpiOwner for TrainJob {
     const FAILED_REASON: &'static str = "TrainJobResourcesCreationFailed";
 
     async fn desired(&self, ctx: &Context) -> Result<Option<Desired>, Error> {
-        let (kind, runtime_name) = runtime_ref(self).map_err(Error::Policy)?;
-        let runtime = ctx
-            .objects
-            .runtime(kind, self.namespace(), runtime_name)
+        let runtime = runtime_of(&ctx.objects, self, self.namespace())
             .await
-            .map_err(Error::RuntimeLookup)?;
-        let Some(configmap) =
-            hostfile_for(self, kind, runtime.as_deref()).map_err(Error::Policy)?
-        else {
+            .map_err(|e| match e {
+                Unresolved::Problem(problem) => Error::Policy(problem),
+                Unresolved::Lookup(error) => Error::RuntimeLookup(error),
+            })?;
+        let Some(configmap) = hostfile_for(self, &runtime).map_err(Error::Policy)? else {
             tracing::debug!(name = self.name(), "runtime has no MPI policy");
             return Ok(None);
         };

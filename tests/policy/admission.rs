@@ -81,11 +81,21 @@ async fn one_read_with(
     let response = match review_with(route, &bytes, objects, options).await {
         Ok(reviewed) => reviewed.json(),
         Err(bad) => {
-            super::golden::check("reviews", &key, &json!({"badReview": bad.to_string()}));
+            super::golden::check(
+                "reviews",
+                &key,
+                super::golden::Input::Review(&bytes),
+                &json!({"badReview": bad.to_string()}),
+            );
             return Err(bad);
         }
     };
-    super::golden::check("reviews", &key, &super::golden::readable(&response));
+    super::golden::check(
+        "reviews",
+        &key,
+        super::golden::Input::Review(&bytes),
+        &super::golden::readable(&response),
+    );
     assert_patch_applies(body, &response);
     if route == Route::MutateJobSet {
         assert_the_reference_agrees_with(body, &response, objects, options).await;

@@ -1,8 +1,8 @@
 //! The golden corpus: the exact answers of the JobSet writer and of whole reviews, recorded once
 //! from the writer `serve` shipped before the admission core was rewritten on `serde_json::Value`
 //! and `json_patch` (tests/fixtures/golden/). Every differential test compares what `serve`
-//! answers now with what it answered then, operation for operation; `oracle.rs` states what the
-//! patched JobSet must then be.
+//! answers now with what it answered then: the same JobSet once patched (the operations may
+//! differ), the same bytes otherwise; `oracle.rs` states what the patched JobSet must then be.
 //!
 //! Each case is keyed by a SHA-256 of its input: for the writer, the JobSet's JSON text and what
 //! the oracle reads of the plan ([`plan_fingerprint`]); for a review, the route, the options and
@@ -131,8 +131,14 @@ fn corpus(kind: &str) -> &'static Corpus {
     &corpora[kind]
 }
 
-/// Checks `answer` against the corpus of `kind` at `key`, or records it in a recording run.
-pub fn check(kind: &'static str, key: &str, answer: &Value) {
+/// Checks `answer` for `input` (the JobSet a writer case patches, or the review's bytes)
+/// against the corpus of `kind` at `key`, or records it in a recording run.
+///
+/// A patch is compared by the object it makes: the recorded patch and the patch now are each
+/// applied to the input's object, and the two results must be the same JSON (member order within
+/// an object aside: the apiserver does not keep it). Everything else (errors, denials, warnings,
+/// the rest of a response) is compared byte for byte, the order of members included.
+pub fn check(kind: &'static str, key: &str, input: Input<'_>, answer: &Value) {
     if let Some(file) = recorder() {
         let line = json!({"kind": kind, "key": key, "answer": answer}).to_string();
         let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
@@ -145,18 +151,102 @@ pub fn check(kind: &'static str, key: &str, answer: &Value) {
             "no golden {kind} case for this input (key {key}): record the corpus again, see tests/policy/golden.rs\nanswer: {answer}"
         );
     };
-    // Byte for byte, the order of members included (`Value`s compare objects as unordered maps).
-    let text = serde_json::to_string(answer).ok();
-    if !recorded
+    let object = input.object();
+    let now = settled(object.as_ref(), answer);
+    let text = serde_json::to_string(&now).ok();
+    let matched = recorded
         .iter()
-        .any(|&i| serde_json::to_string(&answers[i]).ok() == text)
-    {
+        .find(|&&i| serde_json::to_string(&settled(object.as_ref(), &answers[i])).ok() == text);
+    let Some(&matched) = matched else {
         let recorded: Vec<&Value> = recorded.iter().map(|&i| &answers[i]).collect();
         panic!(
             "the answer differs from the golden corpus (key {key})\nnow: {answer}\nrecorded: {}",
             serde_json::to_string_pretty(&recorded).unwrap_or_default()
         );
+    };
+    stats(kind, key, &answers[matched], answer);
+}
+
+/// What a golden case's answer is for: the JobSet of a writer case, or a review's bytes.
+#[derive(Clone, Copy)]
+pub enum Input<'a> {
+    /// The JobSet the writer patched.
+    JobSet(&'a Value),
+    /// The review answered (its `request.object` is what a patch applies to).
+    Review(&'a [u8]),
+}
+
+impl Input<'_> {
+    fn object(self) -> Option<Value> {
+        match self {
+            Input::JobSet(jobset) => Some(jobset.clone()),
+            Input::Review(body) => serde_json::from_slice::<Value>(body)
+                .ok()
+                .and_then(|review| review.pointer("/request/object").cloned()),
+        }
     }
+}
+
+/// Where an answer holds a patch: a writer case's `ok`, a response review's `response.patch`.
+const PATCH_AT: [&str; 2] = ["/ok", "/response/patch"];
+
+/// `answer` with its patch replaced by the object it makes of `object`, members sorted.
+fn settled(object: Option<&Value>, answer: &Value) -> Value {
+    let mut answer = answer.clone();
+    for at in PATCH_AT {
+        let Some(slot) = answer.pointer_mut(at) else {
+            continue;
+        };
+        let patch: json_patch::Patch =
+            serde_json::from_value(slot.clone()).expect("a golden patch is a JSON patch");
+        let mut made = object.expect("a patch has an object to apply to").clone();
+        json_patch::patch(&mut made, &patch).expect("a golden patch applies to its input");
+        let made = sorted(made);
+        *slot = json!({"patched": made});
+    }
+    answer
+}
+
+/// `value` with every object's members in key order.
+fn sorted(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut members: Vec<(String, Value)> = map.into_iter().collect();
+            members.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(members.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
+/// The environment variable naming a JSON-lines file that gets, per case, the size and the
+/// operation count of the recorded patch and of the patch now (`scripts/golden-patch-stats.py`
+/// sums them up).
+const STATS: &str = "GOLDEN_PATCH_STATS";
+
+fn stats(kind: &str, key: &str, recorded: &Value, now: &Value) {
+    static FILE: OnceLock<Option<Mutex<std::fs::File>>> = OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let path = std::env::var_os(STATS)?;
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap_or_else(|e| panic!("{path:?}: {e}"));
+        Some(Mutex::new(file))
+    });
+    let Some(file) = file else { return };
+    let measure = |answer: &Value| {
+        PATCH_AT
+            .iter()
+            .find_map(|at| answer.pointer(at))
+            .map(|patch| json!({"ops": patch.as_array().map_or(0, Vec::len), "bytes": patch.to_string().len()}))
+    };
+    let line =
+        json!({"kind": kind, "key": key, "before": measure(recorded), "after": measure(now)});
+    let mut file = file.lock().unwrap_or_else(|e| e.into_inner());
+    writeln!(file, "{line}").expect("stats written");
 }
 
 /// Writes the corpus files from a recording run's lines: answers deduplicated and sorted, so
@@ -238,6 +328,7 @@ async fn the_sample_reviews_are_answered_as_recorded() {
                 check(
                     "reviews",
                     &review_key(route, options, &body),
+                    Input::Review(&body),
                     &readable(&response),
                 );
                 answered += 1;

@@ -155,32 +155,23 @@ async fn defaults_give_this_exact_patch_on_each_templates_first_container() {
     let response = review(Route::MutateJobSet, "CREATE", js.clone(), None).await;
     assert_eq!(response["allowed"], true);
     let pod = |i: usize| format!("/spec/replicatedJobs/{i}/template/spec/template/spec");
-    let mut expected = vec![
-        json!({"op": "add", "path": format!("{}/volumes", pod(0)), "value": [strict_ssh_volume()]}),
+    // The diff of the JobSet and its wired copy: each new member whole, existing members first.
+    let expected = vec![
         json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(0)),
                "value": [{"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"}]}),
         json!({"op": "add", "path": format!("{}/containers/0/command", pod(0)),
                "value": ["/usr/sbin/sshd", "-De", "-p", "22"]}),
         json!({"op": "add", "path": format!("{}/containers/0/readinessProbe", pod(0)),
                "value": {"tcpSocket": {"port": 22}}}),
-        json!({"op": "add", "path": format!("{}/volumes", pod(1)), "value": [strict_ssh_volume()]}),
-        json!({"op": "add", "path": format!("{}/volumes/-", pod(1)), "value": hostfile_volume("pi")}),
-        json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(1)),
-               "value": [{"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"}]}),
-        json!({"op": "add", "path": format!("{}/containers/0/volumeMounts/-", pod(1)),
-               "value": {"name": "mpi-hostfile", "mountPath": "/etc/mpi"}}),
+        json!({"op": "add", "path": format!("{}/volumes", pod(0)), "value": [strict_ssh_volume()]}),
+        json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(1)), "value": [
+            {"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"},
+            {"name": "mpi-hostfile", "mountPath": "/etc/mpi"}
+        ]}),
+        json!({"op": "add", "path": format!("{}/containers/0/env", pod(1)), "value": open_mpi_env(1)}),
+        json!({"op": "add", "path": format!("{}/volumes", pod(1)),
+               "value": [strict_ssh_volume(), hostfile_volume("pi")]}),
     ];
-    let env = open_mpi_env(1);
-    for (k, var) in env.as_array().expect("env").iter().enumerate() {
-        expected.push(match k {
-            0 => {
-                json!({"op": "add", "path": format!("{}/containers/0/env", pod(1)), "value": [var]})
-            }
-            _ => {
-                json!({"op": "add", "path": format!("{}/containers/0/env/-", pod(1)), "value": var})
-            }
-        });
-    }
     assert_eq!(patch_of(&response), Value::Array(expected));
     assert_eq!(
         hostfile_of(&js),
@@ -828,8 +819,8 @@ async fn a_minimal_jobset_gets_sshd_a_probe_dependson_and_the_preflight() {
         [
             add(format!("{}/containers/0/command", pod(0))),
             add(format!("{}/containers/0/readinessProbe", pod(0))),
-            add("/spec/replicatedJobs/1/dependsOn".to_string()),
             add(format!("{}/initContainers", pod(1))),
+            add("/spec/replicatedJobs/1/dependsOn".to_string()),
         ]
     );
     let js = defaulted(js, IMAGE).await;

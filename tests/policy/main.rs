@@ -14,4 +14,5 @@ mod pss;
 mod render;
 mod ssa;
 mod support;
+mod trap;
 mod validate;

@@ -11,34 +11,114 @@
 //! a different one is replaced where it is, a missing one is appended. A missing or `null` object
 //! member on the way to a write becomes an object; any other value of the wrong JSON type there,
 //! or a list that is not an array, is the writer's error.
+//!
+//! The values it writes (names, modes, env names and values, the defaults) are literals from
+//! docs/behaviour.md and docs/jobset-mode.md, not `src`'s constants or functions, so that the
+//! reference can disagree with the writer; of the plan it reads only the inputs (the
+//! implementation's name, slots, counts, names, the settings).
 
 use mpi_webhook::mpi::enforce::MutationError;
-use mpi_webhook::mpi::plan::MpiPlan;
-use mpi_webhook::mpi::{
-    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_VOLUME, LAUNCHER, NODE,
-    SSH_AUTH_DEFAULT_MODE, SSH_AUTH_VOLUME, SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY,
-    SSH_PRIVATE_KEY_FILE, SSH_PUBLIC_KEY, SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE,
-    hostfile_configmap_name, ssh_secret_name,
-};
+use mpi_webhook::mpi::plan::{MpiPlan, WiredContainer};
 use serde_json::{Map, Value, json};
 
+use mpi_webhook::mpi::jobset_mode::SshSetup;
 use mpi_webhook::mpi::jobset_mode::ssh_setup::script;
 
 use super::preflight::preflight_container;
 
 const PREFLIGHT: &str = "mpi-preflight";
+const HOSTFILE: &str = "/etc/mpi/hostfile";
+const CONNECTION_ATTEMPTS: &str = "-o ConnectionAttempts=10";
+
+/// The launcher env of `implementation` for `slots` per node and the workers' sshd `port`, in
+/// order (docs/behaviour.md C.5 and Decision 5; docs/jobset-mode.md for the port).
+/// Under `generated` (interface.md "JobSet mode on hardened clusters") the client reads the
+/// setup's ssh_config instead of being given the port.
+fn launcher_env(
+    implementation: &str,
+    slots: i64,
+    port: u16,
+    generated: bool,
+) -> Vec<(&'static str, String)> {
+    let slots = slots.to_string();
+    let ssh_args = match (generated, port) {
+        (true, _) => format!("{CONNECTION_ATTEMPTS} -F /run/mpi-ssh/ssh_config"),
+        (false, 22) => CONNECTION_ATTEMPTS.to_owned(),
+        (false, port) => format!("{CONNECTION_ATTEMPTS} -p {port}"),
+    };
+    match implementation {
+        "OpenMPI" => vec![
+            ("OMPI_MCA_orte_default_hostfile", HOSTFILE.to_owned()),
+            ("OMPI_MCA_orte_keep_fqdn_hostnames", "true".to_owned()),
+            ("OMPI_MCA_orte_set_default_slots", slots.clone()),
+            ("OMPI_MCA_plm_rsh_args", ssh_args.clone()),
+            ("PRTE_MCA_prte_default_hostfile", HOSTFILE.to_owned()),
+            ("PRTE_MCA_prte_keep_fqdn_hostnames", "false".to_owned()),
+            ("PRTE_MCA_prte_set_default_slots", slots),
+            ("PRTE_MCA_plm_ssh_args", ssh_args),
+        ],
+        "Intel" => vec![
+            ("I_MPI_HYDRA_HOST_FILE", HOSTFILE.to_owned()),
+            ("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", ssh_args),
+            ("I_MPI_PERHOST", slots),
+            ("I_MPI_HYDRA_IFACE", "eth0".to_owned()),
+        ],
+        "MPICH" => vec![
+            ("HYDRA_HOST_FILE", HOSTFILE.to_owned()),
+            ("HYDRA_LAUNCHER_EXTRA_ARGS", ssh_args),
+            ("HYDRA_IFACE", "eth0".to_owned()),
+        ],
+        other => panic!("no launcher env for {other:?} in docs/behaviour.md"),
+    }
+}
+
+/// The workers' sshd port: 22 but in JobSet mode with `mpi-webhook.io/ssh-port`.
+fn ssh_port(plan: &MpiPlan) -> u16 {
+    plan.jobset_defaults.as_ref().map_or(22, |d| d.ssh_port)
+}
+
+/// Whether JobSet mode's `mpi-webhook.io/ssh-setup` is `generated`.
+fn generated_ssh(plan: &MpiPlan) -> bool {
+    plan.jobset_defaults
+        .as_ref()
+        .is_some_and(|d| d.ssh_setup == SshSetup::Generated)
+}
+
+/// The pre-flight image: JobSet mode, `--preflight-image` set, the JobSet not opted out.
+fn preflight_image(plan: &MpiPlan) -> Option<&str> {
+    plan.jobset_defaults
+        .as_ref()
+        .filter(|d| d.preflight && !d.preflight_image.is_empty())
+        .map(|d| d.preflight_image.as_str())
+}
+
+/// Whether container `index` named `name` is wired: those named `node` (TrainJob mode), the
+/// one `mpi-webhook.io/container` names, else each template's first (JobSet mode).
+fn wires(wired: &WiredContainer, index: usize, name: Option<&str>) -> bool {
+    match wired {
+        WiredContainer::NamedNode => name == Some("node"),
+        WiredContainer::Named(wired) => name == Some(wired.as_str()),
+        WiredContainer::First => index == 0,
+    }
+}
 
 /// The SSH Secret's volume (C.3).
+/// `id_rsa` is 416 (0640) in TrainJob mode, 384 (0600) in JobSet mode (Decisions 16 and 18).
 fn ssh_auth_volume(plan: &MpiPlan) -> Value {
+    let private_mode = if plan.jobset_defaults.is_some() {
+        384
+    } else {
+        416
+    };
     json!({
-        "name": SSH_AUTH_VOLUME,
+        "name": "mpi-ssh-auth",
         "secret": {
-            "secretName": ssh_secret_name(&plan.jobset_name),
-            "defaultMode": SSH_AUTH_DEFAULT_MODE,
+            "secretName": format!("{}-mpi-ssh-auth", plan.jobset_name),
+            "defaultMode": 256,
             "items": [
-                {"key": SSH_PRIVATE_KEY, "path": SSH_PRIVATE_KEY_FILE, "mode": plan.ssh_private_key_mode},
-                {"key": SSH_PUBLIC_KEY, "path": SSH_PUBLIC_KEY_FILE, "mode": SSH_PUBLIC_KEY_FILE_MODE},
-                {"key": SSH_PUBLIC_KEY, "path": SSH_AUTHORIZED_KEYS_FILE, "mode": SSH_PUBLIC_KEY_FILE_MODE},
+                {"key": "ssh-privatekey", "path": "id_rsa", "mode": private_mode},
+                {"key": "ssh-publickey", "path": "id_rsa.pub", "mode": 420},
+                {"key": "ssh-publickey", "path": "authorized_keys", "mode": 420},
             ]
         }
     })
@@ -47,13 +127,13 @@ fn ssh_auth_volume(plan: &MpiPlan) -> Value {
 /// `generated`'s Secret volume: 0444 for every file, no item modes.
 fn generated_ssh_auth_volume(plan: &MpiPlan) -> Value {
     json!({
-        "name": SSH_AUTH_VOLUME,
+        "name": "mpi-ssh-auth",
         "secret": {
-            "secretName": ssh_secret_name(&plan.jobset_name),
+            "secretName": format!("{}-mpi-ssh-auth", plan.jobset_name),
             "defaultMode": 0o444,
             "items": [
-                {"key": SSH_PRIVATE_KEY, "path": SSH_PRIVATE_KEY_FILE},
-                {"key": SSH_PUBLIC_KEY, "path": SSH_PUBLIC_KEY_FILE},
+                {"key": "ssh-privatekey", "path": "id_rsa"},
+                {"key": "ssh-publickey", "path": "id_rsa.pub"},
             ]
         }
     })
@@ -105,10 +185,10 @@ const SSH_SETUP: &str = "mpi-ssh-setup";
 /// The launcher's hostfile volume (C.3).
 fn hostfile_volume(plan: &MpiPlan) -> Value {
     json!({
-        "name": HOSTFILE_VOLUME,
+        "name": "mpi-hostfile",
         "configMap": {
-            "name": hostfile_configmap_name(&plan.jobset_name),
-            "items": [{"key": HOSTFILE_NAME, "path": HOSTFILE_NAME, "mode": HOSTFILE_MODE}]
+            "name": format!("{}-mpi-hostfile", plan.jobset_name),
+            "items": [{"key": "hostfile", "path": "hostfile", "mode": 292}]
         }
     })
 }
@@ -215,10 +295,10 @@ pub fn wired(plan: &MpiPlan, jobset: &Value) -> Result<Value, MutationError> {
     let mut node_before = false;
     for (i, rjob) in rjobs.iter_mut().enumerate() {
         let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
-        let is_node = name == NODE;
+        let is_node = name == "node";
         let launcher = match name {
-            LAUNCHER => Some(node_before && !in_order),
-            NODE => None,
+            "launcher" => Some(node_before && !in_order),
+            "node" => None,
             _ => continue,
         };
         if let Value::Object(rjob) = rjob {
@@ -239,7 +319,7 @@ fn wire(
 ) -> Result<(), MutationError> {
     let is_launcher = launcher.is_some();
     let defaults = plan.jobset_defaults.is_some();
-    let port = plan.ssh_port();
+    let port = ssh_port(plan);
     // C.1: the worker count, only when the TrainJob sets numNodes.
     if let (false, Some(count)) = (is_launcher, plan.node_count) {
         let template = member_object(rjob, field, "template")?;
@@ -261,7 +341,7 @@ fn wire(
         pod_spec = member_object(pod_spec, &at, key)?;
         at = format!("{at}.{key}");
     }
-    let generated = plan.generated_ssh();
+    let generated = generated_ssh(plan);
     let volumes = member_list(pod_spec, &at, "volumes")?;
     if generated {
         upsert(volumes, "name", generated_ssh_auth_volume(plan));
@@ -285,8 +365,11 @@ fn wire(
         .and_then(Value::as_array)
         .and_then(|list| {
             list.iter().enumerate().find(|(c, entry)| {
-                plan.wired_container
-                    .wires(*c, entry.get("name").and_then(Value::as_str))
+                wires(
+                    &plan.wired_container,
+                    *c,
+                    entry.get("name").and_then(Value::as_str),
+                )
             })
         })
         .map(|(_, entry)| entry.clone());
@@ -306,7 +389,7 @@ fn wire(
         .get("containers")
         .and_then(Value::as_array)
         .is_some_and(|containers| named(containers, PREFLIGHT));
-    if let (true, Some(image), false) = (is_launcher, plan.preflight_image(), taken) {
+    if let (true, Some(image), false) = (is_launcher, preflight_image(plan), taken) {
         let init = member_list(pod_spec, &at, "initContainers")?;
         if !named(init, PREFLIGHT) {
             // After the ssh setup, when there is one.
@@ -329,7 +412,7 @@ fn wire(
     };
     for (c, container) in containers.iter_mut().enumerate() {
         let name = container.get("name").and_then(Value::as_str);
-        if !plan.wired_container.wires(c, name) {
+        if !wires(&plan.wired_container, c, name) {
             continue;
         }
         let at = format!("{at}.containers[{c}]");
@@ -350,13 +433,14 @@ fn wire(
             upsert(
                 mounts,
                 "mountPath",
-                mount(SSH_AUTH_VOLUME, &plan.ssh_auth_mount_path),
+                mount("mpi-ssh-auth", &plan.ssh_auth_mount_path),
             );
         }
         if is_launcher {
-            upsert(mounts, "mountPath", mount(HOSTFILE_VOLUME, HOSTFILE_DIR));
+            upsert(mounts, "mountPath", mount("mpi-hostfile", "/etc/mpi"));
             let env = member_list(container, &at, "env")?;
-            for (name, value) in plan.launcher_env() {
+            for (name, value) in launcher_env(plan.implementation.name, plan.slots, port, generated)
+            {
                 upsert(env, "name", json!({"name": name, "value": value}));
             }
         }

@@ -84,7 +84,7 @@ pub fn jobset(runtime: &Value, train_job: &Value) -> Value {
     })
 }
 
-/// The JobSet mutation as `serve` writes it, checked against the golden corpus (its operations)
+/// The JobSet mutation as `serve` writes it, checked against the golden corpus (the JobSet it makes)
 /// and the reference (`oracle.rs`: the patch applied makes the JobSet the reference makes, and
 /// is empty exactly when the JobSet already is that), or the same error. Returns the operations.
 pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, MutationError> {
@@ -96,6 +96,7 @@ pub fn enforce(plan: &MpiPlan, jobset: &Value) -> Result<Vec<PatchOperation>, Mu
     super::golden::check(
         "enforce",
         &super::golden::enforce_key(plan, jobset),
+        super::golden::Input::JobSet(jobset),
         &answer,
     );
     let ops = written.as_ref().map(|p| p.0.as_slice());

@@ -1,24 +1,34 @@
-//! The JobSet mutation (spec section C: what Trainer's controller puts into the JobSet for MPI):
-//! a [`json_patch::Patch`] of RFC 6902 operations at the paths the MPI policy owns, and nowhere
-//! else, computed on the JobSet as the client sent it (a `serde_json::Value`), so fields this
-//! crate does not model survive.
+//! The JobSet mutation (section C of docs/behaviour.md: what Trainer's controller puts into the
+//! JobSet for MPI, and JobSet mode's defaults): the policy is applied to a `serde_json::Value`
+//! copy of the JobSet as the client sent it, and the patch is `json_patch::diff` of the two. The
+//! copy is the whole object, never typed structs, so a field this crate does not model is read
+//! as it is and kept: a rule can only change what it writes.
 //!
-//! Lists are upserted (volumes and env by `name`, mounts by `mountPath`): an equal entry yields
-//! no operation, a different one is replaced in place, a missing one is appended; a missing list
-//! or parent object is added with the entry inside. Each replicatedJob is worked on in a copy the
-//! operations are applied to as they are made, so later operations see earlier ones. Applying
-//! the patch and mutating again yields no operations. One writer serves TrainJob mode and JobSet
-//! mode; `tests/policy/oracle.rs` states the same rules on its own, as the JobSet they make
-//! (edited in place, no operations), and the golden corpus (`tests/fixtures/golden/`) holds the
-//! patches every differential case gets.
+//! The edit is a few named steps, one per level of the JobSet ([`jobset`], [`replicated_job`],
+//! [`pod_spec`], [`container`]), each a list of one-line rules on an [`edit::Obj`]:
+//! `upsert` into a list (volumes and env by `name`, mounts by `mountPath`: an equal entry stays,
+//! a different one is replaced in place, a missing one appended, a missing list or parent object
+//! made), `set` for a field the policy owns, `fill` for a default that never replaces what the
+//! user wrote. A value of the wrong JSON type where a rule writes is a [`MutationError`].
+//!
+//! Adding a JobSet-mode default touches three files: the value in `items.rs` (built once per
+//! JobSet in [`Items`]), one rule in the step of its level here, and the setting it depends on
+//! in `plan.rs` (or `jobset_mode/settings.rs` when an annotation turns it on); an env var of an
+//! implementation is a row in `implementation.rs` and the reference's literal in
+//! `tests/policy/oracle.rs`. `tests/policy/oracle.rs` states the rules on its own, the golden
+//! corpus (`tests/fixtures/golden/`) holds the JobSet every differential case makes, and
+//! `tests/policy/enforce.rs` checks that a user's value at every path the policy writes survives
+//! where the contract says so.
 
+mod edit;
 mod items;
 
-use json_patch::jsonptr::PointerBuf;
-use json_patch::{AddOperation, Patch, PatchOperation, ReplaceOperation};
+use json_patch::Patch;
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
+pub use edit::json_type;
+use edit::{Obj, names};
 use items::{EnvVar, HostfileVolume, Mount, SshAuthVolume};
 
 use super::jobset_mode::ssh_setup::{self, SSH_SETUP_CONTAINER};
@@ -40,115 +50,28 @@ pub struct MutationError {
 /// JobSet's `startupPolicyOrder` that excludes `dependsOn`.
 const IN_ORDER: &str = "InOrder";
 
-/// The operations that give `jobset` the MPI wiring of `plan`. Empty when the JobSet already
-/// has it.
+/// The operations that give `jobset` the MPI wiring of `plan`: the diff between it and its
+/// copy with the wiring. Empty when the JobSet already has it.
 ///
 /// # Errors
 /// [`MutationError`] when a location the policy writes holds a value of the wrong JSON type.
 pub fn enforce_mpi_policy(plan: &MpiPlan, jobset: &Value) -> Result<Patch, MutationError> {
-    let mut ops = Vec::new();
-    let rjobs = match jobset.pointer("/spec/replicatedJobs") {
-        None | Some(Value::Null) => return Ok(Patch(ops)),
-        Some(Value::Array(rjobs)) => rjobs,
-        other => {
-            return Err(wrong_type(
-                &keys(["spec", "replicatedJobs"]),
-                other,
-                "an array",
-            ));
-        }
+    let mut edited = jobset.clone();
+    wire(plan, &mut edited)?;
+    Ok(json_patch::diff(jobset, &edited))
+}
+
+/// Gives `jobset` the MPI wiring of `plan`, in place.
+///
+/// # Errors
+/// [`MutationError`] at the first location, in the order of the rules, where a rule must write
+/// and a value of the wrong JSON type stands.
+pub fn wire(plan: &MpiPlan, jobset: &mut Value) -> Result<(), MutationError> {
+    // A JobSet without a spec object has nothing to wire (the validating routes say why).
+    let Some(spec) = jobset.get_mut("spec").filter(|s| s.is_object()) else {
+        return Ok(());
     };
-    let items = Items::new(plan);
-    // Whether a `node` is listed before the replicatedJob at hand: JobSet lets a replicatedJob
-    // depend only on those listed before it, and on none under `startupPolicyOrder: InOrder`
-    // (InOrder already starts the launcher after Ready workers).
-    let in_order = jobset
-        .pointer("/spec/startupPolicy/startupPolicyOrder")
-        .and_then(Value::as_str)
-        == Some(IN_ORDER);
-    let mut node_before = false;
-    for (i, rjob) in rjobs.iter().enumerate() {
-        let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
-        if !rjob.is_object() || (name != LAUNCHER && name != NODE) {
-            continue;
-        }
-        let mut job = Job {
-            base: child(&keys(["spec", "replicatedJobs"]), &[Token::Index(i)]),
-            doc: pruned(rjob, &REPLICATED_JOB),
-            ops: &mut ops,
-        };
-        let role = match name {
-            LAUNCHER => Role::Launcher {
-                may_depend_on_node: node_before && !in_order,
-            },
-            _ => Role::Node,
-        };
-        job.enforce(plan, &items, role)?;
-        node_before |= name == NODE;
-    }
-    Ok(Patch(ops))
-}
-
-/// What of a value the policy reads or writes: all of it, or of an object only some members (of
-/// an array, those members of each element).
-enum Shape {
-    Whole,
-    Members(&'static [(&'static str, Shape)]),
-}
-
-/// What the policy reads or writes of a replicatedJob: the copy it works on holds only that.
-const REPLICATED_JOB: Shape = Shape::Members(&[
-    ("dependsOn", Shape::Whole),
-    (
-        "template",
-        Shape::Members(&[(
-            "spec",
-            Shape::Members(&[
-                ("parallelism", Shape::Whole),
-                ("completions", Shape::Whole),
-                (
-                    "template",
-                    Shape::Members(&[(
-                        "spec",
-                        Shape::Members(&[
-                            ("volumes", Shape::Whole),
-                            ("initContainers", Shape::Members(&[("name", Shape::Whole)])),
-                            ("containers", Shape::Members(CONTAINER)),
-                        ]),
-                    )]),
-                ),
-            ]),
-        )]),
-    ),
-]);
-
-/// What the policy reads or writes of a container.
-const CONTAINER: &[(&str, Shape)] = &[
-    ("name", Shape::Whole),
-    // Read only: `generated`'s init container runs in the wired container's image, as its user.
-    ("image", Shape::Whole),
-    ("securityContext", Shape::Whole),
-    ("volumeMounts", Shape::Whole),
-    ("env", Shape::Whole),
-    ("command", Shape::Whole),
-    ("args", Shape::Whole),
-    ("readinessProbe", Shape::Whole),
-];
-
-/// The part of `value` that `shape` names, every JSON type kept where it is.
-fn pruned(value: &Value, shape: &Shape) -> Value {
-    match (shape, value) {
-        (Shape::Members(members), Value::Object(map)) => Value::Object(
-            members
-                .iter()
-                .filter_map(|(key, shape)| Some(((*key).to_owned(), pruned(map.get(*key)?, shape))))
-                .collect(),
-        ),
-        (Shape::Members(_), Value::Array(items)) => {
-            Value::Array(items.iter().map(|item| pruned(item, shape)).collect())
-        }
-        _ => value.clone(),
-    }
+    self::jobset(plan, &Items::new(plan), Obj::new(spec, "spec".to_owned())?)
 }
 
 /// Which of the two replicatedJobs the policy wires.
@@ -161,6 +84,186 @@ enum Role {
     Node,
 }
 
+/// The JobSet's `spec`: each `launcher` and `node` replicatedJob.
+fn jobset(plan: &MpiPlan, items: &Items, mut spec: Obj<'_>) -> Result<(), MutationError> {
+    // JobSet lets a replicatedJob depend only on those listed before it, and on none under
+    // `startupPolicyOrder: InOrder` (which already starts the launcher after Ready workers).
+    let in_order = spec
+        .get("startupPolicy")
+        .and_then(|p| p.get("startupPolicyOrder"))
+        .and_then(Value::as_str)
+        == Some(IN_ORDER);
+    let field = spec.at("replicatedJobs");
+    let Some(rjobs) = spec.existing_list("replicatedJobs")? else {
+        return Ok(());
+    };
+    let mut node_before = false;
+    for (i, rjob) in rjobs.iter_mut().enumerate() {
+        let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
+        let role = match name {
+            LAUNCHER => Role::Launcher {
+                may_depend_on_node: node_before && !in_order,
+            },
+            NODE => Role::Node,
+            _ => continue,
+        };
+        node_before |= name == NODE;
+        // Not an object: not a replicatedJob the policy can recognise, left to JobSet's schema.
+        if rjob.is_object() {
+            replicated_job(plan, items, role, Obj::new(rjob, format!("{field}[{i}]"))?)?;
+        }
+    }
+    Ok(())
+}
+
+/// One replicatedJob: the worker count, the launcher's `dependsOn`, then its pod template.
+fn replicated_job(
+    plan: &MpiPlan,
+    items: &Items,
+    role: Role,
+    mut rjob: Obj<'_>,
+) -> Result<(), MutationError> {
+    // C.1: the worker count, only when the TrainJob sets numNodes.
+    if let (Role::Node, Some(count)) = (role, plan.node_count) {
+        let mut spec = rjob.path(&["template", "spec"])?;
+        spec.set("parallelism", count.into());
+        spec.set("completions", count.into());
+    }
+    // JobSet mode: the launcher waits for the workers' sshd, where JobSet allows it.
+    if let (
+        Role::Launcher {
+            may_depend_on_node: true,
+        },
+        Some(d),
+    ) = (role, &items.defaults)
+    {
+        rjob.fill("dependsOn", &d.depends_on);
+    }
+    pod_spec(
+        plan,
+        items,
+        role,
+        rjob.path(&["template", "spec", "template", "spec"])?,
+    )
+}
+
+/// A pod template's spec: the volumes, the launcher's pre-flight, then each wired container.
+fn pod_spec(
+    plan: &MpiPlan,
+    items: &Items,
+    role: Role,
+    mut pod: Obj<'_>,
+) -> Result<(), MutationError> {
+    let is_launcher = matches!(role, Role::Launcher { .. });
+    // C.3: volumes, by name.
+    pod.upsert("volumes", "name", &items.ssh_volume)?;
+    if is_launcher {
+        pod.upsert("volumes", "name", &items.hostfile_volume)?;
+    }
+    if let Some(g) = &items.generated {
+        ssh_setup_step(plan, g, &mut pod)?;
+    }
+    // JobSet mode: the pre-flight runs first in the launcher pod (after the ssh setup, whose
+    // files it does not need), unless the user has one, or a container of that name (a pod's
+    // container names are unique across both lists).
+    let preflight = items.defaults.as_ref().and_then(|d| d.preflight.as_ref());
+    if let (true, Some(preflight)) = (is_launcher, preflight) {
+        let after = items.generated.as_ref().map(|_| SSH_SETUP_CONTAINER);
+        insert_init(&mut pod, PREFLIGHT_CONTAINER, preflight, after)?;
+    }
+    // C.4 and C.5: on the wired containers only (in TrainJob mode those named `node`).
+    let field = pod.at("containers");
+    let Some(containers) = pod.existing_list("containers")? else {
+        return Ok(());
+    };
+    for (c, entry) in containers.iter_mut().enumerate() {
+        let name = entry.get("name").and_then(Value::as_str);
+        if plan.wired_container.wires(c, name) {
+            container(items, role, Obj::new(entry, format!("{field}[{c}]"))?)?;
+        }
+    }
+    Ok(())
+}
+
+/// `generated`: the emptyDir in the pod, and the ssh setup first among its init containers, in
+/// the wired container's image and as its user.
+fn ssh_setup_step(plan: &MpiPlan, g: &Generated, pod: &mut Obj<'_>) -> Result<(), MutationError> {
+    pod.upsert("volumes", "name", &g.runtime_volume)?;
+    let wired = pod
+        .get("containers")
+        .and_then(Value::as_array)
+        .and_then(|list| {
+            list.iter()
+                .enumerate()
+                .find(|(c, entry)| {
+                    plan.wired_container
+                        .wires(*c, entry.get("name").and_then(Value::as_str))
+                })
+                .map(|(_, entry)| ssh_setup::init_container(entry, g.port))
+        });
+    match wired {
+        Some(setup) => insert_init(pod, SSH_SETUP_CONTAINER, &setup, None),
+        None => Ok(()),
+    }
+}
+
+/// Inserts init container `container`, named `name`, right after the one named `after` when
+/// the pod has it, else first; nothing when the pod has a container or an init container of
+/// that name already.
+fn insert_init(
+    pod: &mut Obj<'_>,
+    name: &str,
+    container: &Value,
+    after: Option<&str>,
+) -> Result<(), MutationError> {
+    let taken = pod
+        .get("containers")
+        .and_then(Value::as_array)
+        .is_some_and(|c| names(c, name));
+    if taken {
+        return Ok(());
+    }
+    let init = pod.list("initContainers")?;
+    if !names(init, name) {
+        let at = after
+            .and_then(|after| {
+                init.iter()
+                    .position(|c| c.get("name").and_then(Value::as_str) == Some(after))
+            })
+            .map_or(0, |p| p + 1);
+        init.insert(at, container.clone());
+    }
+    Ok(())
+}
+
+/// A wired container: mounts by mountPath, the launcher's env by name, JobSet mode's sshd.
+fn container(items: &Items, role: Role, mut container: Obj<'_>) -> Result<(), MutationError> {
+    match &items.generated {
+        // `generated`: the setup's emptyDir and `/etc/passwd` from it, never the Secret.
+        Some(g) => {
+            for mount in &g.mounts {
+                container.upsert("volumeMounts", "mountPath", mount)?;
+            }
+        }
+        None => container.upsert("volumeMounts", "mountPath", &items.ssh_mount)?,
+    }
+    if let Role::Launcher { .. } = role {
+        container.upsert("volumeMounts", "mountPath", &items.hostfile_mount)?;
+        for var in &items.env {
+            container.upsert("env", "name", var)?;
+        }
+    }
+    // JobSet mode: the workers run sshd, unless they run something of their own, and are ready
+    // once it listens.
+    if let (Role::Node, Some(d)) = (role, &items.defaults) {
+        if container.get("command").is_none() && container.get("args").is_none() {
+            container.set("command", d.sshd_command.clone());
+        }
+        container.fill("readinessProbe", &d.readiness_probe);
+    }
+    Ok(())
+}
+
 /// The entries the policy writes, built once per JobSet.
 struct Items {
     ssh_volume: Value,
@@ -170,13 +273,14 @@ struct Items {
     env: Vec<Value>,
     /// JobSet mode only: what it fills in where the user left it unset.
     defaults: Option<Defaults>,
-    /// JobSet mode's `generated` ssh setup: the emptyDir, and the wired containers' mounts of
-    /// it (which take the place of `ssh_mount`).
+    /// JobSet mode's `generated` ssh setup.
     generated: Option<Generated>,
 }
 
+/// What `generated` writes besides the init container (made per pod, from its wired container).
 struct Generated {
     runtime_volume: Value,
+    /// The wired containers' mounts, in place of the Secret's.
     mounts: [Value; 2],
     port: u16,
 }
@@ -229,380 +333,5 @@ impl Items {
                 port,
             }),
         }
-    }
-}
-
-/// One step of a path into the JobSet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Token {
-    /// An object member (every member name the policy uses is a constant).
-    Key(&'static str),
-    /// An array element.
-    Index(usize),
-    /// The end of an array (`-` in a JSON pointer): where `add` appends.
-    End,
-}
-
-fn child(base: &[Token], tokens: &[Token]) -> Vec<Token> {
-    [base, tokens].concat()
-}
-
-fn keys<const N: usize>(names: [&'static str; N]) -> [Token; N] {
-    names.map(Token::Key)
-}
-
-/// The child of `value` at `token`, if there is one.
-fn step<'v>(value: &'v Value, token: &Token) -> Option<&'v Value> {
-    match (value, token) {
-        (Value::Object(map), Token::Key(key)) => map.get(*key),
-        (Value::Array(items), Token::Index(i)) => items.get(*i),
-        _ => None,
-    }
-}
-
-fn step_mut<'v>(value: &'v mut Value, token: &Token) -> Option<&'v mut Value> {
-    match (value, token) {
-        (Value::Object(map), Token::Key(key)) => map.get_mut(*key),
-        (Value::Array(items), Token::Index(i)) => items.get_mut(*i),
-        _ => None,
-    }
-}
-
-/// Whether `value` is absent or `null`: where the policy adds, and JobSet mode fills in.
-fn unset(value: Option<&Value>) -> bool {
-    value.is_none_or(Value::is_null)
-}
-
-/// Whether `list` is an array with an entry whose `name` is `name`.
-fn names(list: Option<&Value>, name: &str) -> bool {
-    list.and_then(Value::as_array).is_some_and(|l| {
-        l.iter()
-            .any(|c| c.get("name").and_then(Value::as_str) == Some(name))
-    })
-}
-
-/// The operations of one replicatedJob, made against a copy of what the policy reads of it
-/// (`doc`, at `base` in the JobSet, whose every level exists) that each operation is applied
-/// to as it is made.
-struct Job<'o> {
-    base: Vec<Token>,
-    doc: Value,
-    ops: &'o mut Vec<PatchOperation>,
-}
-
-impl Job<'_> {
-    fn enforce(&mut self, plan: &MpiPlan, items: &Items, role: Role) -> Result<(), MutationError> {
-        let rjob = self.base.clone();
-        let is_launcher = matches!(role, Role::Launcher { .. });
-        let defaults = items.defaults.as_ref();
-        // C.1: the worker count, only when the TrainJob sets numNodes.
-        if let (false, Some(count)) = (is_launcher, plan.node_count) {
-            for member in ["parallelism", "completions"] {
-                self.set(
-                    &child(&rjob, &keys(["template", "spec", member])),
-                    json!(count),
-                )?;
-            }
-        }
-        // JobSet mode: the launcher waits for the workers' sshd, where JobSet allows it.
-        let depends_on = child(&rjob, &keys(["dependsOn"]));
-        if let (
-            Role::Launcher {
-                may_depend_on_node: true,
-            },
-            Some(d),
-        ) = (role, defaults)
-            && unset(self.get(&depends_on))
-        {
-            self.emit(false, &depends_on, d.depends_on.clone());
-        }
-        // C.3: volumes, by name.
-        let pod_spec = child(&rjob, &keys(["template", "spec", "template", "spec"]));
-        let volumes = child(&pod_spec, &keys(["volumes"]));
-        self.upsert(&volumes, "name", &items.ssh_volume)?;
-        if is_launcher {
-            self.upsert(&volumes, "name", &items.hostfile_volume)?;
-        }
-        if let Some(g) = &items.generated {
-            self.upsert(&volumes, "name", &g.runtime_volume)?;
-        }
-        let containers = child(&pod_spec, &keys(["containers"]));
-        let init = child(&pod_spec, &keys(["initContainers"]));
-        // `generated`: the ssh setup runs first in both pods, in the wired container's image.
-        if let Some(g) = &items.generated
-            && let Some(wired) = self.wired_container(plan, &containers)
-        {
-            let setup = ssh_setup::init_container(&wired, g.port);
-            self.insert_init(&containers, &init, SSH_SETUP_CONTAINER, setup, 0)?;
-        }
-        // JobSet mode: the pre-flight runs first in the launcher pod (after the ssh setup, which
-        // writes the files it does not need but the launcher does), unless the user has one, or
-        // a container of that name (a pod's container names are unique across both lists).
-        let preflight = defaults.and_then(|d| d.preflight.as_ref());
-        if let (true, Some(container)) = (is_launcher, preflight) {
-            let at = match (&items.generated, self.get(&init)) {
-                (Some(_), Some(Value::Array(list))) => list
-                    .iter()
-                    .position(|c| {
-                        c.get("name").and_then(Value::as_str) == Some(SSH_SETUP_CONTAINER)
-                    })
-                    .map_or(0, |p| p + 1),
-                _ => 0,
-            };
-            self.insert_init(
-                &containers,
-                &init,
-                PREFLIGHT_CONTAINER,
-                container.clone(),
-                at,
-            )?;
-        }
-        // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in
-        // TrainJob mode those named `node`).
-        let count = match self.get(&containers) {
-            None | Some(Value::Null) => 0,
-            Some(Value::Array(list)) => list.len(),
-            other => return Err(wrong_type(&containers, other, "an array")),
-        };
-        for c in 0..count {
-            let container = child(&containers, &[Token::Index(c)]);
-            let name = self
-                .get(&child(&container, &keys(["name"])))
-                .and_then(Value::as_str);
-            if !plan.wired_container.wires(c, name) {
-                continue;
-            }
-            let mounts = child(&container, &keys(["volumeMounts"]));
-            match &items.generated {
-                Some(g) => {
-                    for mount in &g.mounts {
-                        self.upsert(&mounts, "mountPath", mount)?;
-                    }
-                }
-                None => self.upsert(&mounts, "mountPath", &items.ssh_mount)?,
-            }
-            if is_launcher {
-                self.upsert(&mounts, "mountPath", &items.hostfile_mount)?;
-                let env = child(&container, &keys(["env"]));
-                for var in &items.env {
-                    self.upsert(&env, "name", var)?;
-                }
-            }
-            // JobSet mode: the workers run sshd, unless they run something of their own, and
-            // are ready once it listens.
-            if let (false, Some(d)) = (is_launcher, defaults) {
-                let command = child(&container, &keys(["command"]));
-                let args = child(&container, &keys(["args"]));
-                if unset(self.get(&command)) && unset(self.get(&args)) {
-                    self.emit(false, &command, d.sshd_command.clone());
-                }
-                let probe = child(&container, &keys(["readinessProbe"]));
-                if unset(self.get(&probe)) {
-                    self.emit(false, &probe, d.readiness_probe.clone());
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// The first wired container of the pod whose `containers` list is at `containers`, as
-    /// the user wrote what the policy reads of it.
-    fn wired_container(&self, plan: &MpiPlan, containers: &[Token]) -> Option<Value> {
-        let list = self.get(containers)?.as_array()?;
-        list.iter()
-            .enumerate()
-            .find(|(c, entry)| {
-                plan.wired_container
-                    .wires(*c, entry.get("name").and_then(Value::as_str))
-            })
-            .map(|(_, entry)| entry.clone())
-    }
-
-    /// Inserts init container `container`, named `name`, at index `at` of the list at `init`
-    /// (made when unset), unless the pod has a container or an init container of that name.
-    fn insert_init(
-        &mut self,
-        containers: &[Token],
-        init: &[Token],
-        name: &str,
-        container: Value,
-        at: usize,
-    ) -> Result<(), MutationError> {
-        if names(self.get(containers), name) {
-            return Ok(());
-        }
-        match self.get(init) {
-            None | Some(Value::Null) => self.emit(false, init, Value::Array(vec![container])),
-            Some(Value::Array(_)) if names(self.get(init), name) => {}
-            Some(Value::Array(list)) => {
-                let at = at.min(list.len());
-                self.emit(false, &child(init, &[Token::Index(at)]), container);
-            }
-            other => return Err(wrong_type(init, other, "an array")),
-        }
-        Ok(())
-    }
-
-    /// `path` below `base`, or `None` for a path outside the copy (never asked for).
-    fn local<'p>(&self, path: &'p [Token]) -> Option<&'p [Token]> {
-        path.strip_prefix(self.base.as_slice())
-    }
-
-    fn get(&self, path: &[Token]) -> Option<&Value> {
-        self.local(path)?.iter().try_fold(&self.doc, step)
-    }
-
-    /// Records `add` (`replace: false`) or `replace` of `value` at `path` and applies it to the
-    /// copy.
-    fn emit(&mut self, replace: bool, path: &[Token], value: Value) {
-        self.apply(path, &value, !replace);
-        let path = pointer(path);
-        self.ops.push(if replace {
-            PatchOperation::Replace(ReplaceOperation { path, value })
-        } else {
-            PatchOperation::Add(AddOperation { path, value })
-        });
-    }
-
-    /// Applies an operation to the copy. Every operation targets a location checked just
-    /// before (an absent or null object member, the end of an array, an existing value).
-    fn apply(&mut self, path: &[Token], value: &Value, insert: bool) {
-        let Some((last, parents)) = self.local(path).and_then(<[Token]>::split_last) else {
-            return;
-        };
-        let parent = parents.iter().try_fold(&mut self.doc, step_mut);
-        match (parent, last) {
-            (Some(Value::Object(map)), Token::Key(key)) => {
-                map.insert((*key).to_string(), value.clone());
-            }
-            (Some(Value::Array(items)), Token::End) => items.push(value.clone()),
-            (Some(Value::Array(items)), Token::Index(i)) if insert && *i <= items.len() => {
-                items.insert(*i, value.clone());
-            }
-            (Some(Value::Array(items)), Token::Index(i)) => {
-                if let Some(slot) = items.get_mut(*i) {
-                    *slot = value.clone();
-                }
-            }
-            _ => {}
-        }
-    }
-
-    /// Sets `path` to `value`, adding the first missing parent object with `value` nested
-    /// inside; no operation when equal.
-    fn set(&mut self, path: &[Token], value: Value) -> Result<(), MutationError> {
-        for depth in self.base.len()..path.len() {
-            let parent = &path[..depth];
-            let node = self.get(parent);
-            match node {
-                Some(Value::Object(map)) => {
-                    // Only member names follow objects in the paths the policy writes.
-                    let Token::Key(key) = path[depth] else {
-                        return Err(wrong_type(parent, node, "an array"));
-                    };
-                    if unset(map.get(key)) {
-                        let nested =
-                            path[depth + 1..].iter().rev().fold(
-                                value,
-                                |inner, token| match token {
-                                    Token::Key(key) => json!({ *key: inner }),
-                                    Token::Index(_) | Token::End => json!([inner]),
-                                },
-                            );
-                        self.emit(false, &path[..=depth], nested);
-                        return Ok(());
-                    }
-                }
-                // An array only where the path indexes into one; an array where a member name
-                // follows is the wrong type, not a place to write (a patch that would not apply).
-                Some(Value::Array(_)) if matches!(path[depth], Token::Index(_) | Token::End) => {}
-                other => return Err(wrong_type(parent, other, "an object")),
-            }
-        }
-        if self.get(path) != Some(&value) {
-            self.emit(true, path, value);
-        }
-        Ok(())
-    }
-
-    /// Upserts `item` into the list at `path`, matching entries on `key`.
-    fn upsert(&mut self, path: &[Token], key: &str, item: &Value) -> Result<(), MutationError> {
-        let list = match self.get(path) {
-            None | Some(Value::Null) => return self.set(path, Value::Array(vec![item.clone()])),
-            Some(Value::Array(list)) => list,
-            other => return Err(wrong_type(path, other, "an array")),
-        };
-        match list
-            .iter()
-            .position(|entry| entry.get(key) == item.get(key))
-        {
-            Some(i) if &list[i] == item => {}
-            Some(i) => self.emit(true, &child(path, &[Token::Index(i)]), item.clone()),
-            None => self.emit(false, &child(path, &[Token::End]), item.clone()),
-        }
-        Ok(())
-    }
-}
-
-/// `path` as a JSON pointer, parsed in one go from its text: the member names are the policy's
-/// constants, none holding a `~` or a `/` to escape (token by token, should the text not parse).
-fn pointer(path: &[Token]) -> PointerBuf {
-    let mut text = String::with_capacity(96);
-    for token in path {
-        text.push('/');
-        match token {
-            Token::Key(key) => text.push_str(key),
-            Token::Index(i) => text.push_str(&i.to_string()),
-            Token::End => text.push('-'),
-        }
-    }
-    PointerBuf::parse(text).unwrap_or_else(|_| {
-        let mut pointer = PointerBuf::new();
-        for token in path {
-            match token {
-                Token::Key(key) => pointer.push_back(*key),
-                Token::Index(i) => pointer.push_back(*i),
-                Token::End => pointer.push_back("-"),
-            }
-        }
-        pointer
-    })
-}
-
-/// `path` dotted as Kubernetes writes field paths: `spec.replicatedJobs[1].template`.
-fn dotted(path: &[Token]) -> String {
-    let mut out = String::new();
-    for token in path {
-        match token {
-            Token::Index(i) => out.push_str(&format!("[{i}]")),
-            Token::End => out.push_str("[-]"),
-            Token::Key(key) => {
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-        }
-    }
-    out
-}
-
-/// A JSON type's name as Go writes it in a field error, quoted: `"array"`.
-pub fn json_type(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "\"null\"",
-        Value::Bool(_) => "\"boolean\"",
-        Value::Number(_) => "\"number\"",
-        Value::String(_) => "\"string\"",
-        Value::Array(_) => "\"array\"",
-        Value::Object(_) => "\"object\"",
-    }
-}
-
-fn wrong_type(path: &[Token], found: Option<&Value>, expected: &'static str) -> MutationError {
-    MutationError {
-        field: dotted(path),
-        found: found.map_or("\"null\"", json_type),
-        expected,
     }
 }
