@@ -913,9 +913,11 @@ fn sample_reviews_are_the_three_documented_cases() {
 /// (`scripts/sample-reviews.py` writes it).
 #[test]
 fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
+    // The restricted sample has tests of its own (below).
     let samples: Vec<Value> = data_files(&manifests().join("samples"))
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .filter(|p| !p.to_string_lossy().ends_with("-restricted.yaml"))
         .flat_map(|p| docs(p))
         .filter(|d| d["kind"] == "JobSet")
         .collect();
@@ -984,6 +986,51 @@ fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
         .remove(0);
         assert_eq!(review["request"]["operation"], "CREATE", "{name}");
         assert_eq!(&review["request"]["object"], jobset, "{name}");
+    }
+}
+
+/// `jobset-pi-openmpi-restricted.yaml`: its review carries exactly it, and every pod of it, as
+/// `review mutate` patches it (with and without the pre-flight), meets the `restricted` Pod
+/// Security Standard; the same pod with the ssh setup's securityContext removed does not (so
+/// the check can fail). It says nothing about ssh, leaving `generated` to do it.
+#[test]
+fn the_restricted_sample_is_admitted_under_restricted_once_patched() {
+    let sample = docs(&manifests().join("samples/jobset-pi-openmpi-restricted.yaml")).remove(0);
+    let path = manifests().join("samples/reviews/jobset-mode-create-openmpi-restricted.json");
+    let review = docs(&path).remove(0);
+    assert_eq!(review["request"]["operation"], "CREATE");
+    assert_eq!(review["request"]["object"], sample);
+    assert_eq!(
+        sample["metadata"]["annotations"],
+        Value::Null,
+        "no ssh-setup, ssh-port or mount path: generated's defaults"
+    );
+    for image in ["", IMAGE] {
+        let mut jobset = sample.clone();
+        json_patch::patch(&mut jobset, &mutate(&path, image)).expect("the patch applies");
+        for rjob in jobset["spec"]["replicatedJobs"].as_array().expect("rjobs") {
+            let at = format!("{} (pre-flight image {image:?})", rjob["name"]);
+            let pod = &rjob["template"]["spec"]["template"]["spec"];
+            assert_eq!(pod["initContainers"][0]["name"], "mpi-ssh-setup", "{at}");
+            assert_eq!(
+                pss::restricted_violations(pod),
+                Vec::<String>::new(),
+                "{at}"
+            );
+            let mut bare = pod.clone();
+            bare["initContainers"][0]
+                .as_object_mut()
+                .expect("an object")
+                .remove("securityContext");
+            assert_eq!(
+                pss::restricted_violations(&bare),
+                [
+                    "spec.initContainers[0].securityContext.allowPrivilegeEscalation: must be false",
+                    "spec.initContainers[0].securityContext.capabilities.drop: must include ALL"
+                ],
+                "{at}"
+            );
+        }
     }
 }
 
@@ -1189,7 +1236,7 @@ fn patched_sample_jobsets_are_what_the_apiserver_takes() {
             }
         }
     }
-    assert_eq!(files.len(), 4 * 2 * 2, "four sample JobSet reviews");
+    assert_eq!(files.len(), 5 * 2 * 2, "five sample JobSet reviews");
     validate_schemas(&files);
 }
 
