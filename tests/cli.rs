@@ -212,8 +212,8 @@ fn review_of_jobset_mode_samples_needs_no_objects_dir() {
             [0]["secret"];
         assert_eq!(
             ssh["items"][0],
-            serde_json::json!({"key": "ssh-privatekey", "path": "id_rsa", "mode": 384}),
-            "{implementation}: JobSet mode projects the key 0600"
+            serde_json::json!({"key": "ssh-privatekey", "path": "id_rsa"}),
+            "{implementation}: generated projects the key 0444 for the ssh setup to copy"
         );
     }
 }
