@@ -219,8 +219,8 @@ fn review_of_jobset_mode_samples_needs_no_objects_dir() {
 }
 
 /// `review mutate --preflight-image` on the minimal OpenMPI sample (`ssh-port: "2222"`, nothing
-/// else set): the patch fills in exactly the defaults of interface.md "JobSet mode that just
-/// works", the pre-flight only with an image, and that init container meets the restricted Pod
+/// else set): the patch fills in exactly the defaults of docs/jobset-mode.md "Defaults", the
+/// pre-flight only with an image, and that init container meets the restricted Pod
 /// Security Standard.
 #[test]
 fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {

@@ -189,10 +189,12 @@ impl Outcome {
     }
 }
 
-/// What happened to one review, for logs and metrics. Holds no object content beyond what the
-/// denial message quotes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Summary {
+/// A review answered: the response to send, and what happened, for the log line and the
+/// metrics. Holds no object content beyond what the denial message quotes.
+#[derive(Debug, Clone)]
+pub struct Reviewed {
+    /// The `admission.k8s.io/v1` AdmissionReview response to send, as JSON bytes.
+    pub body: Vec<u8>,
     /// Request uid.
     pub uid: String,
     /// `group/version, Kind=...` of the object.
@@ -205,15 +207,6 @@ pub struct Summary {
     pub operation: &'static str,
     /// The outcome.
     pub outcome: Outcome,
-}
-
-/// A review answered.
-#[derive(Debug, Clone)]
-pub struct Reviewed {
-    /// The `admission.k8s.io/v1` AdmissionReview response to send, as JSON bytes.
-    pub body: Vec<u8>,
-    /// What happened.
-    pub summary: Summary,
 }
 
 impl Reviewed {
@@ -386,25 +379,6 @@ pub fn route_for(verb: Verb, value: &Value) -> Result<Route, BadReview> {
     })
 }
 
-fn summarize(req: &AdmissionRequest<DynamicObject>, outcome: Outcome) -> Summary {
-    Summary {
-        uid: req.uid.clone(),
-        kind: format!(
-            "{}/{}, Kind={}",
-            req.kind.group, req.kind.version, req.kind.kind
-        ),
-        namespace: req.namespace.clone().unwrap_or_default(),
-        name: req.name.clone(),
-        operation: match req.operation {
-            Operation::Create => "CREATE",
-            Operation::Update => "UPDATE",
-            Operation::Delete => "DELETE",
-            Operation::Connect => "CONNECT",
-        },
-        outcome,
-    }
-}
-
 /// The verdict on a request that no route's policy needs to see: any operation but CREATE and
 /// UPDATE (allowed), a kind the route does not admit, or no object. `None` for the others.
 fn precheck(route: Route, req: &Request) -> Option<Verdict> {
@@ -504,7 +478,20 @@ fn respond(req: &Request, verdict: Verdict) -> Reviewed {
     };
     Reviewed {
         body: review_bytes(response),
-        summary: summarize(request, outcome),
+        uid: request.uid.clone(),
+        kind: format!(
+            "{}/{}, Kind={}",
+            request.kind.group, request.kind.version, request.kind.kind
+        ),
+        namespace: request.namespace.clone().unwrap_or_default(),
+        name: request.name.clone(),
+        operation: match request.operation {
+            Operation::Create => "CREATE",
+            Operation::Update => "UPDATE",
+            Operation::Delete => "DELETE",
+            Operation::Connect => "CONNECT",
+        },
+        outcome,
     }
 }
 

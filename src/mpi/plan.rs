@@ -1,4 +1,4 @@
-//! The effective MPI policy of one JobSet (spec sections A.4, C.1, C.2, D.3): pod sets with their
+//! The effective MPI policy of one JobSet (docs/behaviour.md sections A.4, C.1, C.2, D.3): pod sets with their
 //! counts, slots per node, the implementation and the containers wired. Both the JobSet patch and
 //! the hostfile are derived from an [`MpiPlan`], so they agree on every count and name.
 //!
@@ -151,7 +151,7 @@ pub struct MpiPlan {
     pub jobset_defaults: Option<JobSetDefaults>,
 }
 
-/// JobSet mode's defaults (interface.md "JobSet mode that just works"): the sshd command and
+/// JobSet mode's defaults (docs/jobset-mode.md "Defaults"): the sshd command and
 /// readiness probe of the workers, the launcher's `dependsOn`, the ssh port on the client side
 /// and the launcher pre-flight.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -120,33 +120,6 @@ async fn readyz<S: ObjectSource + 'static>(State(state): State<Arc<AppState<S>>>
     }
 }
 
-/// An HTTP-level error answer: `{"code": <status>, "message": ...}`.
-struct ApiError {
-    status: StatusCode,
-    outcome: Outcome,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, outcome: Outcome, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            outcome,
-            message: message.into(),
-        }
-    }
-
-    fn into_response(self) -> Response {
-        let body = serde_json::json!({ "code": self.status.as_u16(), "message": self.message });
-        (
-            self.status,
-            [(header::CONTENT_TYPE, "application/json")],
-            body.to_string(),
-        )
-            .into_response()
-    }
-}
-
 /// What a handler produced, before it is recorded and sent.
 enum Answer {
     Reviewed(Reviewed),
@@ -154,7 +127,22 @@ enum Answer {
     TimedOut {
         uid: String,
     },
-    Error(ApiError),
+    /// An HTTP-level error: `{"code": <status>, "message": ...}`.
+    Error {
+        status: StatusCode,
+        outcome: Outcome,
+        message: String,
+    },
+}
+
+impl Answer {
+    fn error(status: StatusCode, outcome: Outcome, message: impl Into<String>) -> Self {
+        Answer::Error {
+            status,
+            outcome,
+            message: message.into(),
+        }
+    }
 }
 
 async fn admit<S: ObjectSource + 'static>(
@@ -179,7 +167,7 @@ async fn answer<S: ObjectSource + 'static>(
     if declared_length(&request).is_some_and(|len| len <= SMALL_BODY_BYTES as u64) {
         let body = match read_body(request, deadline).await {
             Ok(body) => body,
-            Err(e) => return Answer::Error(e),
+            Err(e) => return e,
         };
         let req = match admission::read(&body) {
             Ok(req) => req,
@@ -202,15 +190,15 @@ async fn answer<S: ObjectSource + 'static>(
     else {
         let body = Limited::new(request.into_body(), MAX_BODY_BYTES);
         discard(body, deadline + DISCARD_GRACE).await;
-        return Answer::Error(ApiError::new(
+        return Answer::error(
             StatusCode::SERVICE_UNAVAILABLE,
             Outcome::Busy,
             "too many large reviews in progress; retry",
-        ));
+        );
     };
     let body = match read_body(request, deadline).await {
         Ok(body) => body,
-        Err(e) => return Answer::Error(e),
+        Err(e) => return e,
     };
     // Parsed and answered on a blocking thread, so the async workers keep answering `/healthz`
     // and the small reviews meanwhile. The permit goes with the work: were the deadline to pass
@@ -234,11 +222,11 @@ async fn answer<S: ObjectSource + 'static>(
     match tokio::time::timeout_at(deadline, review).await {
         Ok(Ok(Ok(reviewed))) => Answer::Reviewed(reviewed),
         Ok(Ok(Err(bad))) => bad_review(bad),
-        Ok(Err(join_error)) => Answer::Error(ApiError::new(
+        Ok(Err(join_error)) => Answer::error(
             StatusCode::INTERNAL_SERVER_ERROR,
             Outcome::Error,
             format!("the review did not complete: {join_error}"),
-        )),
+        ),
         // The uid comes as soon as the review around the object is read (as long as the old
         // lenient scan of the body for it took); a body that is no review has none.
         Err(_) => timed_out(uid.await.unwrap_or_default()),
@@ -247,11 +235,11 @@ async fn answer<S: ObjectSource + 'static>(
 
 /// The 400 for a body that is not an AdmissionReview.
 fn bad_review(bad: BadReview) -> Answer {
-    Answer::Error(ApiError::new(
+    Answer::error(
         StatusCode::BAD_REQUEST,
         Outcome::BadRequest,
         bad.to_string(),
-    ))
+    )
 }
 
 /// Fail closed: the apiserver would otherwise apply failurePolicy to a timeout anyway; a denial
@@ -280,9 +268,9 @@ async fn discard(mut body: Limited<axum::body::Body>, until: tokio::time::Instan
     let _ = tokio::time::timeout_at(until, drain).await;
 }
 
-async fn read_body(request: Request, deadline: tokio::time::Instant) -> Result<Bytes, ApiError> {
+async fn read_body(request: Request, deadline: tokio::time::Instant) -> Result<Bytes, Answer> {
     let too_large = || {
-        ApiError::new(
+        Answer::error(
             StatusCode::PAYLOAD_TOO_LARGE,
             Outcome::TooLarge,
             format!("request body is larger than {MAX_BODY_BYTES} bytes"),
@@ -295,14 +283,14 @@ async fn read_body(request: Request, deadline: tokio::time::Instant) -> Result<B
     match tokio::time::timeout_at(deadline, (&mut body).collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large()),
-        Ok(Err(e)) => Err(ApiError::new(
+        Ok(Err(e)) => Err(Answer::error(
             StatusCode::BAD_REQUEST,
             Outcome::BadRequest,
             format!("reading the request body failed: {e}"),
         )),
         Err(_) => {
             discard(body, deadline + DISCARD_GRACE).await;
-            Err(ApiError::new(
+            Err(Answer::error(
                 StatusCode::REQUEST_TIMEOUT,
                 Outcome::Timeout,
                 "the request body did not arrive before the deadline",
@@ -339,15 +327,26 @@ fn finish(route: Route, metrics: &Metrics, answer: Answer, started: Instant) -> 
                 json_response(admission::denial_review(uid, TIMEOUT_MESSAGE)),
             )
         }
-        Answer::Error(e) => {
+        Answer::Error {
+            status,
+            outcome,
+            message,
+        } => {
             tracing::info!(
                 route = route_name,
-                status = e.status.as_u16(),
-                error = %e.message,
+                status = status.as_u16(),
+                error = %message,
                 duration_ms,
                 "request rejected"
             );
-            (e.outcome, 0, e.into_response())
+            let body = serde_json::json!({ "code": status.as_u16(), "message": message });
+            let response = (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+                .into_response();
+            (outcome, 0, response)
         }
     };
     metrics.observe_request(route_name, outcome, elapsed.as_secs_f64(), patch_operations);
@@ -362,23 +361,22 @@ fn reviewed_response(
     reviewed: Reviewed,
     duration_ms: f64,
 ) -> (Outcome, usize, Response) {
-    let Reviewed { body, summary } = reviewed;
     macro_rules! log {
         ($level:ident, $($rest:tt)*) => {
             tracing::$level!(
                 route = route.name(),
-                uid = summary.uid,
-                kind = summary.kind,
-                namespace = summary.namespace,
-                name = summary.name,
-                operation = summary.operation,
-                allowed = summary.outcome.allowed(),
+                uid = reviewed.uid,
+                kind = reviewed.kind,
+                namespace = reviewed.namespace,
+                name = reviewed.name,
+                operation = reviewed.operation,
+                allowed = reviewed.outcome.allowed(),
                 duration_ms,
                 $($rest)*
             )
         };
     }
-    match &summary.outcome {
+    match &reviewed.outcome {
         admission::Outcome::InternalError { error } => {
             log!(error, error, "internal error; denied (fail closed)");
         }
@@ -386,9 +384,9 @@ fn reviewed_response(
         admission::Outcome::Patched { operations } => log!(debug, operations, "patched"),
         admission::Outcome::Allowed => log!(debug, "allowed"),
     }
-    let outcome = Outcome::from(&summary.outcome);
-    let operations = summary.outcome.patch_operations();
-    (outcome, operations, json_response(body))
+    let outcome = Outcome::from(&reviewed.outcome);
+    let operations = reviewed.outcome.patch_operations();
+    (outcome, operations, json_response(reviewed.body))
 }
 
 /// The time budget of a request: the apiserver's `?timeout=` (a Go duration such as `10s`,

@@ -43,7 +43,7 @@ struct Case {
     name: &'static str,
     /// The TrainJob's `spec.trainer`.
     trainer: Value,
-    /// The slots spec C step 2 gives it.
+    /// The slots section C step 2 gives it.
     slots: i64,
 }
 
@@ -100,7 +100,7 @@ impl Case {
         tj
     }
 
-    /// Worker count: runLauncherAsNode, so `max(numNodes - 1, 1)` (spec C step 1, upstream #3954).
+    /// Worker count: runLauncherAsNode, so `max(numNodes - 1, 1)` (section C step 1).
     fn workers(&self) -> i64 {
         std::cmp::max(self.trainer["numNodes"].as_i64().unwrap_or(1) - 1, 1)
     }
@@ -110,7 +110,7 @@ impl Case {
     }
 }
 
-// Upstream's wiring, spec section C steps 3 to 5, value for value.
+// Upstream's wiring, section C steps 3 to 5, value for value.
 
 fn upstream_ssh_volume(tj: &str) -> Value {
     json!({
@@ -148,7 +148,7 @@ fn upstream_launcher_env(slots: i64) -> Vec<Value> {
     ]
 }
 
-/// Only the MPI wiring of Trainer's JobSet (spec C), as a sparse JobSet: what a JobSet without it
+/// Only the MPI wiring of Trainer's JobSet (section C), as a sparse JobSet: what a JobSet without it
 /// must have once mpi-webhook patched it.
 fn upstream_mpi_wiring(case: &Case) -> Value {
     let tj = case.name;
@@ -176,7 +176,7 @@ fn upstream_mpi_wiring(case: &Case) -> Value {
     ]}})
 }
 
-/// The JobSet Trainer's controller applies for `case` (spec C, "How it lands in the JobSet"):
+/// The JobSet Trainer's controller applies for `case` (section C.7):
 /// the runtime's template; the trainer step (`launcher`) with `replicas` 1 and the TrainJob's
 /// command on its `node` container; `spec.trainer.env` and `resourcesPerNode` on the `node`
 /// containers of the trainer step and, with runLauncherAsNode, of `node`; owned by the TrainJob;

@@ -1,4 +1,4 @@
-//! The JobSet mutation (spec C) and the hostfile (D.2/D.3): upstream TestMPI (E.1) and the
+//! The JobSet mutation (section C) and the hostfile (D.2/D.3): upstream TestMPI (E.1) and the
 //! other upstream MPI tests (E.3), re-expressed against the raw-JSON patch.
 
 use json_patch::PatchOperation;

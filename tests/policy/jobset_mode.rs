@@ -1,4 +1,4 @@
-//! JobSet mode, read like the contract's table (interface.md "JobSet mode"): one test per
+//! JobSet mode, read like the contract's table (docs/jobset-mode.md "Settings"): one test per
 //! setting and per validation rule, with exact messages and exact patches. Every mutating review
 //! goes through `respond`, which checks its patch against the reference mutation (`oracle.rs`).
 
@@ -737,7 +737,7 @@ async fn network_policy_annotation_is_immutable_on_update() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Defaults (interface.md "JobSet mode that just works"): filled in where unset, never over the
+// Defaults (docs/jobset-mode.md "Defaults"): filled in where unset, never over the
 // user's value, idempotent
 
 const IMAGE: &str = "ghcr.io/mpi-webhook/mpi-webhook:0.1.0";

@@ -1,6 +1,6 @@
 //! The reference JobSet mutation, the oracle of the differential tests: the JobSet as the MPI
-//! policy wants it (spec section C, and JobSet mode's defaults), made by editing a copy of it in
-//! place, rule after rule, the most direct reading of the spec. It knows nothing of operations:
+//! policy wants it (docs/behaviour.md section C, and JobSet mode's defaults), made by editing a copy of it in
+//! place, rule after rule, the most direct reading of the docs. It knows nothing of operations:
 //! `support::enforce` (every JobSet the tests mutate) and `admission::every_edit_*` (every edit of
 //! a review) apply the shipped writer's patch (`mpi_webhook::mpi::enforce`) and compare what it
 //! makes with what this makes, or the writer's error with this one's. The operations themselves

@@ -1,4 +1,4 @@
-//! The reconciler's objects (spec D) as `render` builds them, on the real upstream runtimes.
+//! The reconciler's objects (section D) as `render` builds them, on the real upstream runtimes.
 
 use mpi_webhook::api::{RuntimeKind, TrainingRuntime};
 use mpi_webhook::mpi::hostfile::{hostfile, hostfile_configmap};
@@ -22,7 +22,7 @@ fn pi(trainer: Value) -> Value {
     tj
 }
 
-/// numNodes 3 on deepspeed-distributed is spec D.3's example: the hostfile is that text, byte for
+/// numNodes 3 on deepspeed-distributed is section D.3's example: the hostfile is that text, byte for
 /// byte (Decision 16: the ConfigMap Trainer applies next to ours holds the same text).
 #[test]
 fn upstream_runtimes_render_for_one_two_and_three_nodes() {
@@ -67,7 +67,7 @@ fn upstream_runtimes_render_for_one_two_and_three_nodes() {
     }
 }
 
-/// Spec D.3's GPU variant, byte for byte.
+/// Section D.3's GPU variant, byte for byte.
 #[test]
 fn upstream_runtime_with_gpus_uses_gpu_count_as_slots() {
     let rt = upstream_runtime("deepspeed");

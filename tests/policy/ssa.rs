@@ -343,8 +343,8 @@ pub enum WebhookFields {
     /// included), then the ownerReference dedup; no field-manager update follows admission.
     /// The admission chain is wrapped by `fieldmanager.NewManagedFieldsValidatingAdmissionController`,
     /// which only resets `managedFields` a webhook made invalid; it attributes nothing. (The
-    /// create and update handlers also update managed fields before mutating admission since
-    /// kubernetes/kubernetes#87671; tracking webhook changes, #78469, was closed unmerged.)
+    /// create and update handlers also update managed fields before mutating admission; a change
+    /// to track webhooks' changes was proposed upstream and closed unmerged.)
     Unowned,
     /// A counterfactual: the changes are recorded as the applier's, as if the apply
     /// configuration had contained them.

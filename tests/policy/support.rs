@@ -150,7 +150,7 @@ pub fn mutate(plan: &MpiPlan, jobset: &Value) -> Value {
     patched
 }
 
-/// The exact SSH volume of spec C.3 for TrainJob `tj`.
+/// The exact SSH volume of section C.3 for TrainJob `tj`.
 pub fn ssh_volume(tj: &str) -> Value {
     json!({
         "name": "mpi-ssh-auth",
@@ -167,7 +167,7 @@ pub fn ssh_volume(tj: &str) -> Value {
     })
 }
 
-/// The exact hostfile volume of spec C.3 for TrainJob `tj`.
+/// The exact hostfile volume of section C.3 for TrainJob `tj`.
 pub fn hostfile_volume(tj: &str) -> Value {
     json!({
         "name": "mpi-hostfile",

@@ -1,7 +1,7 @@
 //! The entries the policy writes into a JobSet (C.3 to C.5), defined once as serializable types.
 //!
 //! The mutation builds each once per JobSet, as the JSON every operation that carries it holds.
-//! Members are declared in the order they are written, the order of the spec.
+//! Members are declared in the order they are written, the order of docs/behaviour.md.
 
 use serde::Serialize;
 use serde_json::{Value, json};
