@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
 use base64::Engine;
+use mpi_webhook::mpi::jobset_mode::ssh_setup;
 use pretty_assertions::assert_eq;
 use serde_json::Value;
 
@@ -252,11 +253,39 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
             .collect()
     };
     let pod = |i: usize| format!("/spec/replicatedJobs/{i}/template/spec/template/spec");
+    // The sample says no ssh-setup: generated, whose init container writes sshd's configuration.
+    let review: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo(file)).expect("review")).expect("JSON");
+    let wired = |i: usize| {
+        review["request"]["object"]["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]
+            ["spec"]["containers"][0]
+            .clone()
+    };
+    let setup = |i: usize| ssh_setup::init_container(&wired(i), 2222);
+    // The script is the library's; the container around it is the contract's.
+    for i in [0, 1] {
+        let init = setup(i);
+        assert_eq!(init["name"], "mpi-ssh-setup");
+        assert_eq!(init["image"], "docker.io/mpioperator/openmpi");
+        assert_eq!(
+            (&init["command"][0], &init["command"][1]),
+            (&Value::from("sh"), &Value::from("-c"))
+        );
+        assert_eq!(
+            init["securityContext"],
+            serde_json::json!({"allowPrivilegeEscalation": false, "capabilities": {"drop": ["ALL"]},
+                               "seccompProfile": {"type": "RuntimeDefault"}})
+        );
+    }
     let mut expected = vec![
         serde_json::json!({"op": "add", "path": format!("{}/containers/0/command", pod(0)),
-                           "value": ["/usr/sbin/sshd", "-De", "-p", "2222"]}),
+                           "value": ["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"]}),
         serde_json::json!({"op": "add", "path": format!("{}/containers/0/readinessProbe", pod(0)),
                            "value": {"tcpSocket": {"port": 2222}}}),
+        serde_json::json!({"op": "add", "path": format!("{}/initContainers", pod(0)),
+                           "value": [setup(0)]}),
+        serde_json::json!({"op": "add", "path": format!("{}/initContainers", pod(1)),
+                           "value": [setup(1)]}),
         serde_json::json!({"op": "add", "path": "/spec/replicatedJobs/1/dependsOn",
                            "value": [{"name": "node", "status": "Ready"}]}),
     ];
@@ -266,9 +295,7 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
         expected,
         "no image: no pre-flight"
     );
-    // The launcher's ssh reaches the workers' sshd on its port.
-    let review: Value =
-        serde_json::from_str(&std::fs::read_to_string(repo(file)).expect("review")).expect("JSON");
+    // The launcher's ssh reaches the workers' sshd through the generated client configuration.
     let mut jobset = review["request"]["object"].clone();
     let patch: json_patch::Patch =
         serde_json::from_value(Value::Array(without_image.clone())).expect("RFC 6902");
@@ -290,20 +317,23 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
     assert_eq!(
         ssh_args,
         [
-            ("OMPI_MCA_plm_rsh_args", "-o ConnectionAttempts=10 -p 2222"),
-            ("PRTE_MCA_plm_ssh_args", "-o ConnectionAttempts=10 -p 2222"),
+            (
+                "OMPI_MCA_plm_rsh_args",
+                "-o ConnectionAttempts=10 -F /run/mpi-ssh/ssh_config"
+            ),
+            (
+                "PRTE_MCA_plm_ssh_args",
+                "-o ConnectionAttempts=10 -F /run/mpi-ssh/ssh_config"
+            ),
         ]
     );
     let preflight = preflight::preflight_container(image, "2222");
-    // The launcher's pod template comes before its dependsOn in the replicatedJob.
-    expected.insert(
-        2,
-        serde_json::json!({
-            "op": "add",
-            "path": format!("{}/initContainers", pod(1)),
-            "value": [preflight],
-        }),
-    );
+    // The pre-flight comes after the ssh setup in the launcher's init containers.
+    expected[3] = serde_json::json!({
+        "op": "add",
+        "path": format!("{}/initContainers", pod(1)),
+        "value": [setup(1), preflight.clone()],
+    });
     let with_image = patch_of(&["review", "mutate", file, "--preflight-image", image]);
     assert_eq!(defaults(&with_image), expected);
     let others = |patch: &[Value]| -> Vec<Value> {
@@ -317,7 +347,7 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
     assert_eq!(
         others(&with_image),
         others(&without_image),
-        "the image adds only the init container"
+        "the image adds only the pre-flight"
     );
     let pod_of_preflight = serde_json::json!({"initContainers": [preflight]});
     assert_eq!(
