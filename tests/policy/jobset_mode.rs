@@ -171,6 +171,8 @@ async fn defaults_give_this_exact_patch_on_each_templates_first_container() {
         json!({"op": "add", "path": format!("{}/containers/0/env", pod(1)), "value": open_mpi_env(1)}),
         json!({"op": "add", "path": format!("{}/volumes", pod(1)),
                "value": [strict_ssh_volume(), hostfile_volume("pi")]}),
+        json!({"op": "add", "path": "/spec/successPolicy",
+               "value": {"operator": "All", "targetReplicatedJobs": ["launcher"]}}),
     ];
     assert_eq!(patch_of(&response), Value::Array(expected));
     assert_eq!(
@@ -821,6 +823,7 @@ async fn a_minimal_jobset_gets_sshd_a_probe_dependson_and_the_preflight() {
             add(format!("{}/containers/0/readinessProbe", pod(0))),
             add(format!("{}/initContainers", pod(1))),
             add("/spec/replicatedJobs/1/dependsOn".to_string()),
+            add("/spec/successPolicy".to_string()),
         ]
     );
     let js = defaulted(js, IMAGE).await;
@@ -1280,5 +1283,87 @@ async fn generated_pods_meet_the_restricted_pod_security_standard() {
             super::pss::restricted_violations(&alone),
             Vec::<String>::new()
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// successPolicy: the JobSet finishes with its launcher, unless the user chose otherwise
+
+/// The `successPolicy` op of the mutating answer for a minimal JobSet with `policy` (`None`:
+/// no `successPolicy` member), and the policy of the defaulted JobSet.
+async fn success_policy_of(policy: Option<Value>) -> (Vec<Value>, Value) {
+    let mut js = jobset("OpenMPI", json!({}), minimal_rjobs());
+    if let Some(policy) = policy {
+        js["spec"]["successPolicy"] = policy;
+    }
+    let ops = patch_of(&mutate_with(js.clone(), IMAGE).await)
+        .as_array()
+        .expect("ops")
+        .iter()
+        .filter(|op| {
+            op["path"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("/spec/successPolicy"))
+        })
+        .cloned()
+        .collect();
+    let defaulted = defaulted(js, IMAGE).await;
+    (ops, defaulted["spec"]["successPolicy"].clone())
+}
+
+#[tokio::test]
+async fn no_success_policy_gets_the_launchers() {
+    let (ops, policy) = success_policy_of(None).await;
+    let launcher = json!({"operator": "All", "targetReplicatedJobs": ["launcher"]});
+    assert_eq!(
+        ops,
+        [json!({"op": "add", "path": "/spec/successPolicy", "value": launcher})]
+    );
+    assert_eq!(policy, launcher);
+}
+
+#[tokio::test]
+async fn all_with_no_targets_as_jobset_defaults_it_gets_the_launcher() {
+    let (ops, policy) = success_policy_of(Some(json!({"operator": "All"}))).await;
+    assert_eq!(
+        ops,
+        [
+            json!({"op": "add", "path": "/spec/successPolicy/targetReplicatedJobs",
+                "value": ["launcher"]})
+        ]
+    );
+    assert_eq!(
+        policy,
+        json!({"operator": "All", "targetReplicatedJobs": ["launcher"]})
+    );
+}
+
+#[tokio::test]
+async fn all_with_empty_targets_gets_the_launcher() {
+    let (ops, policy) =
+        success_policy_of(Some(json!({"operator": "All", "targetReplicatedJobs": []}))).await;
+    assert_eq!(
+        ops,
+        [
+            json!({"op": "add", "path": "/spec/successPolicy/targetReplicatedJobs/0",
+                "value": "launcher"})
+        ]
+    );
+    assert_eq!(
+        policy,
+        json!({"operator": "All", "targetReplicatedJobs": ["launcher"]})
+    );
+}
+
+#[tokio::test]
+async fn a_success_policy_the_user_chose_is_kept() {
+    for chosen in [
+        json!({"operator": "All", "targetReplicatedJobs": ["node", "launcher"]}),
+        json!({"operator": "Any"}),
+        json!({"operator": "Any", "targetReplicatedJobs": []}),
+    ] {
+        let (ops, policy) = success_policy_of(Some(chosen.clone())).await;
+        assert_eq!(ops, Vec::<Value>::new(), "{chosen}");
+        assert_eq!(policy, chosen);
     }
 }

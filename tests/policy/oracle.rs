@@ -284,6 +284,24 @@ fn named(list: &[Value], name: &str) -> bool {
 /// where a value of the wrong JSON type stands in the way of a write.
 pub fn wired(plan: &MpiPlan, jobset: &Value) -> Result<Value, MutationError> {
     let mut out = jobset.clone();
+    // JobSet mode: a JobSet with a launcher finishes with it, unless the user chose a policy;
+    // `operator: All` with no targets is what JobSet's defaulting writes, so it is no choice.
+    let has_launcher = jobset
+        .pointer("/spec/replicatedJobs")
+        .and_then(Value::as_array)
+        .is_some_and(|rjobs| named(rjobs, "launcher"));
+    if plan.jobset_defaults.is_some() && has_launcher {
+        let policy = jobset.pointer("/spec/successPolicy");
+        let targets = policy.and_then(|p| p.get("targetReplicatedJobs"));
+        if unset(policy) {
+            out["spec"]["successPolicy"] =
+                json!({"operator": "All", "targetReplicatedJobs": ["launcher"]});
+        } else if policy.and_then(|p| p.get("operator")) == Some(&json!("All"))
+            && (unset(targets) || targets == Some(&json!([])))
+        {
+            out["spec"]["successPolicy"]["targetReplicatedJobs"] = json!(["launcher"]);
+        }
+    }
     // JobSet refuses dependsOn next to `startupPolicyOrder: InOrder`.
     let in_order =
         jobset.pointer("/spec/startupPolicy/startupPolicyOrder") == Some(&json!("InOrder"));

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::super::plan::MpiPlan;
 use super::super::{
-    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_PATH, HOSTFILE_VOLUME, NODE,
+    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_PATH, HOSTFILE_VOLUME, LAUNCHER, NODE,
     PREFLIGHT_BINARY, PREFLIGHT_CONTAINER, PREFLIGHT_USER, SSH_AUTH_DEFAULT_MODE, SSH_AUTH_VOLUME,
     SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY, SSH_PRIVATE_KEY_FILE, SSH_PUBLIC_KEY,
     SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE, SSHD, hostfile_configmap_name, ssh_secret_name,
@@ -150,6 +150,15 @@ pub fn sshd_readiness_probe(port: u16) -> Value {
 pub fn depends_on_ready_nodes() -> Value {
     json!([{"name": NODE, "status": "Ready"}])
 }
+
+/// JobSet mode: the JobSet completes when its launcher does, since workers that run sshd never
+/// complete; written as the whole `successPolicy` when the JobSet has none.
+pub fn success_policy_launcher() -> Value {
+    json!({"operator": SUCCESS_ALL, "targetReplicatedJobs": [LAUNCHER]})
+}
+
+/// JobSet's `successPolicy` operator that waits for every targeted replicatedJob.
+pub const SUCCESS_ALL: &str = "All";
 
 /// JobSet mode: the launcher pre-flight init container, `mpi-webhook preflight` in `image`
 /// on the hostfile, admitted under the `restricted` Pod Security Standard.

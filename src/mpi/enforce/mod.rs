@@ -11,7 +11,7 @@
 //! made), `set` for a field the policy owns, `fill` for a default that never replaces what the
 //! user wrote. A value of the wrong JSON type where a rule writes is a [`MutationError`].
 //!
-//! Adding a JobSet-mode default touches three files: the value in `items.rs` (built once per
+//! Adding a JobSet-mode default touches up to three files: the value in `items.rs` (built once per
 //! JobSet in [`Items`]), one rule in the step of its level here, and the setting it depends on
 //! in `plan.rs` (or `jobset_mode/settings.rs` when an annotation turns it on); an env var of an
 //! implementation is a row in `implementation.rs` and the reference's literal in
@@ -93,6 +93,10 @@ fn jobset(plan: &MpiPlan, items: &Items, mut spec: Obj<'_>) -> Result<(), Mutati
         .and_then(|p| p.get("startupPolicyOrder"))
         .and_then(Value::as_str)
         == Some(IN_ORDER);
+    // JobSet mode: the JobSet finishes with its launcher (the workers' sshd never completes).
+    if let Some(d) = &items.defaults {
+        success_policy(&mut spec, &d.success_policy)?;
+    }
     let field = spec.at("replicatedJobs");
     let Some(rjobs) = spec.existing_list("replicatedJobs")? else {
         return Ok(());
@@ -112,6 +116,33 @@ fn jobset(plan: &MpiPlan, items: &Items, mut spec: Obj<'_>) -> Result<(), Mutati
         if rjob.is_object() {
             replicated_job(plan, items, role, Obj::new(rjob, format!("{field}[{i}]"))?)?;
         }
+    }
+    Ok(())
+}
+
+/// JobSet mode's `successPolicy` when the JobSet has a `launcher`: `policy` when it has none;
+/// when it has `operator: All` with no targets (what JobSet's own defaulting writes, so the two
+/// cannot be told apart), the launcher as the one target. Any other policy is the user's.
+fn success_policy(spec: &mut Obj<'_>, policy: &Value) -> Result<(), MutationError> {
+    let has_launcher = spec
+        .get("replicatedJobs")
+        .and_then(Value::as_array)
+        .is_some_and(|rjobs| names(rjobs, LAUNCHER));
+    if !has_launcher {
+        return Ok(());
+    }
+    let Some(current) = spec.get("successPolicy") else {
+        spec.set("successPolicy", policy.clone());
+        return Ok(());
+    };
+    let all_of_none = current.get("operator").and_then(Value::as_str) == Some(items::SUCCESS_ALL)
+        && current
+            .get("targetReplicatedJobs")
+            .filter(|t| !t.is_null())
+            .is_none_or(|t| t.as_array().is_some_and(Vec::is_empty));
+    if let (true, Some(targets)) = (all_of_none, policy.get("targetReplicatedJobs")) {
+        spec.path(&["successPolicy"])?
+            .set("targetReplicatedJobs", targets.clone());
     }
     Ok(())
 }
@@ -289,6 +320,7 @@ struct Defaults {
     sshd_command: Value,
     readiness_probe: Value,
     depends_on: Value,
+    success_policy: Value,
     /// The pre-flight init container, when the plan has an image for it.
     preflight: Option<Value>,
 }
@@ -323,6 +355,7 @@ impl Items {
                 },
                 readiness_probe: items::sshd_readiness_probe(port),
                 depends_on: items::depends_on_ready_nodes(),
+                success_policy: items::success_policy_launcher(),
                 preflight: plan
                     .preflight_image()
                     .map(|image| items::preflight_container(image, port)),
