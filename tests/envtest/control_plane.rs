@@ -89,8 +89,15 @@ pub const TRAINER: User = User {
     ],
 };
 
+/// A user for tests that bind it a role of their own (e.g. the shipped one minus a rule).
+pub const RESTRICTED: User = User {
+    token: "envtest-restricted-token",
+    name: "envtest-restricted",
+    groups: &[],
+};
+
 /// Every user of the token file.
-pub const USERS: [User; 4] = [ADMIN, RECONCILER, NOBODY, TRAINER];
+pub const USERS: [User; 5] = [ADMIN, RECONCILER, NOBODY, TRAINER, RESTRICTED];
 
 /// Where the assets are, or why there are none.
 #[derive(Debug)]
@@ -522,6 +529,29 @@ impl ControlPlane {
             })
             .await
             .map(|_| ())
+    }
+
+    /// Starts the garbage collector, or, without `kube-controller-manager` in the assets (
+    /// `setup-envtest` does not ship it), reports the skip on stderr and returns `false`; with
+    /// `CI=true` a missing binary is a failure instead.
+    ///
+    /// # Panics
+    /// When it does not start, or is missing under `CI=true`.
+    pub async fn garbage_collector_or_skip(&self) -> bool {
+        if !self.assets.join("kube-controller-manager").is_file()
+            && std::env::var("CI").as_deref() != Ok("true")
+        {
+            let _ = writeln!(
+                std::io::stderr(),
+                "envtest: skipped a garbage-collection test: no kube-controller-manager in {}",
+                self.assets.display()
+            );
+            return false;
+        }
+        if let Err(e) = self.start_garbage_collector().await {
+            panic!("envtest garbage collector: {e}");
+        }
+        true
     }
 
     /// `https://127.0.0.1:PORT`.
