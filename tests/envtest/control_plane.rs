@@ -34,6 +34,14 @@ use serde_json::json;
 use tokio::sync::OnceCell;
 
 /// How long the control plane may take to become ready (5 to 15 s is usual on 2 cores).
+/// The CRDs of every kind the product reads, from the upstream copies in the repository.
+pub const CRDS: [&str; 4] = [
+    "tests/fixtures/upstream/jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
+    "tests/fixtures/upstream/kubeflow-trainer/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml",
+    "manifests/overlays/crds-intel-mpich/upstream/trainer.kubeflow.org_clustertrainingruntimes.yaml",
+    "manifests/overlays/crds-intel-mpich/upstream/trainer.kubeflow.org_trainingruntimes.yaml",
+];
+
 pub const START_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long a CRD may take to be established.
 const CRD_TIMEOUT: Duration = Duration::from_secs(60);
@@ -217,6 +225,14 @@ impl Process {
             Ok(None) => None,
             Err(e) => Some(e.to_string()),
         }
+    }
+
+    /// Sends the child SIGTERM and waits for it: its exit status (the watchdog exits with it).
+    pub fn terminate(&mut self) -> Result<std::process::ExitStatus, String> {
+        drop(self.lifeline.take());
+        self.watchdog
+            .wait()
+            .map_err(|e| format!("wait for {}: {e}", self.name))
     }
 
     /// Stops the child and waits until it (and its watchdog) exited.

@@ -491,3 +491,118 @@ async fn a_background_delete_of_the_trainjob_removes_its_objects() {
 async fn a_foreground_delete_of_the_trainjob_removes_its_objects_first() {
     deleting_the_owner_removes_all_three(DeleteParams::foreground(), "gc-foreground").await;
 }
+
+/// The Lease `--leader-elect` replicas share (`--lease-namespace`, the shipped namespace).
+const LEASE_NAMESPACE: &str = "mpi-webhook";
+const LEASE: &str = "mpi-webhook-reconciler";
+/// A `--leader-elect` replica holding `holder` as its identity.
+fn start_replica(plane: &ControlPlane, holder: &str) -> Reconciler {
+    Reconciler::start(
+        plane,
+        &[
+            "--leader-elect",
+            "--lease-namespace",
+            LEASE_NAMESPACE,
+            "--lease-holder",
+            holder,
+        ],
+    )
+}
+
+async fn lease(admin: &Client) -> Option<Value> {
+    get(
+        admin,
+        "coordination.k8s.io/v1",
+        "Lease",
+        LEASE_NAMESPACE,
+        LEASE,
+    )
+    .await
+}
+
+fn holder(lease: &Value) -> Option<&str> {
+    lease["spec"]["holderIdentity"].as_str()
+}
+
+/// On SIGTERM the leading replica stops its controller, releases the Lease (holderIdentity
+/// cleared, as client-go's ReleaseOnCancel does) and exits 0; the standby takes the Lease at its
+/// next recheck and writes (here: repairs an edit made while nobody led). All of it as the
+/// shipped ServiceAccount under the shipped Role.
+#[tokio::test]
+async fn a_leader_that_gets_sigterm_releases_the_lease_and_the_standby_takes_over() {
+    let Some(plane) = control_plane::shared().await else {
+        return;
+    };
+    let _turn = RECONCILER_TURN.lock().await;
+    let (ns, job) = with_train_job(plane, "leader").await;
+    let admin = plane.admin();
+    let mut leader = start_replica(plane, "replica-a");
+    leader
+        .wait_for(
+            "replica-a to hold the Lease and apply the ConfigMap",
+            || async {
+                let lease = lease(&admin).await?;
+                (holder(&lease) == Some("replica-a")).then_some(())?;
+                ours_applied(&admin, &ns).await
+            },
+        )
+        .await;
+    let mut standby = start_replica(plane, "replica-b");
+    let standby_log = standby.process.log().to_owned();
+    standby
+        .wait_for("replica-b to run as a standby", || {
+            let started = std::fs::read_to_string(&standby_log)
+                .is_ok_and(|log| log.contains("leader election on"));
+            async move { started.then_some(()) }
+        })
+        .await;
+    assert_eq!(
+        lease(&admin).await.as_ref().and_then(holder),
+        Some("replica-a")
+    );
+
+    let status = leader.process.terminate().expect("replica-a exits");
+    let log = std::fs::read_to_string(leader.process.log()).unwrap_or_default();
+    assert!(status.success(), "exit status {status}\n{log}");
+    let released = log
+        .find("released the Lease")
+        .unwrap_or_else(|| panic!("released, in the log\n{log}"));
+    assert!(
+        log.find("shutting down").is_some_and(|at| at < released),
+        "the controller stopped before the release\n{log}"
+    );
+    let after = lease(&admin).await.expect("the Lease");
+    assert_ne!(holder(&after), Some("replica-a"), "released before exiting");
+    // Something to write for whoever leads next.
+    api_for(
+        &admin,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap"}),
+        Some(&ns),
+    )
+    .patch(
+        "pi-mpi-hostfile",
+        &PatchParams {
+            field_manager: Some("kubectl-edit".into()),
+            ..Default::default()
+        },
+        &Patch::Merge(json!({"data": {"hostfile": "edited\n"}})),
+    )
+    .await
+    .expect("edit");
+
+    // A released Lease is taken at the standby's next recheck; an expired one only after the
+    // term, which the wait's bound still covers: what tells them apart is the release above.
+    standby
+        .wait_for(
+            "replica-b to take the Lease and repair the edit",
+            || async {
+                let lease = lease(&admin).await?;
+                (holder(&lease) == Some("replica-b")).then_some(())?;
+                configmap(&admin, &ns, "pi-mpi-hostfile")
+                    .await
+                    .filter(|c| c["data"]["hostfile"] == HOSTFILE)
+            },
+        )
+        .await;
+    forget(&admin, &job).await;
+}

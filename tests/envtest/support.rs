@@ -23,14 +23,6 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_mpi-webhook");
 /// Finished reconciles, from the reconciler's `/metrics`.
 pub const FINISHED: &str = "mpi_webhook_reconcile_duration_seconds_count";
 
-/// The CRDs of every kind the product reads, from the upstream copies in the repository.
-pub const CRDS: [&str; 4] = [
-    "tests/fixtures/upstream/jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
-    "tests/fixtures/upstream/kubeflow-trainer/manifests/base/crds/trainer.kubeflow.org_trainjobs.yaml",
-    "manifests/overlays/crds-intel-mpich/upstream/trainer.kubeflow.org_clustertrainingruntimes.yaml",
-    "manifests/overlays/crds-intel-mpich/upstream/trainer.kubeflow.org_trainingruntimes.yaml",
-];
-
 /// The repository root.
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -142,7 +134,7 @@ pub async fn get(
 /// The CRDs, the shipped namespace and RBAC, and the shipped runtimes: idempotent, so every test
 /// calls it.
 pub async fn install(plane: &ControlPlane) {
-    plane.apply_crds(&CRDS).await;
+    plane.apply_crds(&crate::control_plane::CRDS).await;
     let admin = plane.admin();
     for path in ["manifests/base/namespace.yaml", "manifests/base/rbac.yaml"] {
         for object in documents(path) {
