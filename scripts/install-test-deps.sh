@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs what the tests need, idempotently (a second run installs nothing): kubernetes-validate
 # and, when missing, kubectl (tests/manifests.rs), and the MPI launchers, sshd and iproute2
-# (tests/mpi_launchers). The README's test command is this script followed by `cargo test --locked`.
+# (tests/mpi_launchers), and the envtest control plane (tests/envtest): etcd from Debian when root
+# and missing, and, when the team's ../shared/envtest exists, kube-apiserver and
+# kube-controller-manager unpacked into target/envtest with their SHA256 checked (skipped when present
+# and matching). Elsewhere `setup-envtest use 1.36.x -p path` fills a KUBEBUILDER_ASSETS directory.
+# The README's test command is this script followed by `cargo test --locked`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -21,3 +25,22 @@ if ! command -v kubectl >/dev/null 2>&1; then
   fi
 fi
 ./scripts/install-mpi-launchers.sh
+
+if ! command -v etcd >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server >/dev/null
+fi
+envtest_src=../shared/envtest
+if [ -d "$envtest_src" ]; then
+  mkdir -p target/envtest
+  sums="$(cd "$envtest_src" && pwd)/SHA256SUMS"
+  if ! (cd target/envtest && sha256sum --quiet -c "$sums" >/dev/null 2>&1); then
+    for b in kube-apiserver kube-controller-manager; do
+      xz -dc "$envtest_src/$b.xz" > "target/envtest/$b.partial"
+      chmod +x "target/envtest/$b.partial"
+      mv "target/envtest/$b.partial" "target/envtest/$b"
+    done
+    (cd target/envtest && sha256sum --quiet -c "$sums")
+  fi
+  etcd_bin="$(command -v etcd)"
+  ln -sf "$etcd_bin" target/envtest/etcd
+fi

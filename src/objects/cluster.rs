@@ -71,8 +71,28 @@ impl CacheMetrics {
     }
 }
 
-/// Feeds a watcher stream into `writer`'s store: failures are logged and counted, then retried
-/// with kube's default backoff. The stream must be polled for the store to fill.
+/// A watcher stream whose failures are logged, counted and retried with kube's default backoff.
+/// The backoff pauses this watch only, so every watch needs its own.
+pub fn retried<K, S>(
+    stream: S,
+    resource: &'static str,
+    metrics: &CacheMetrics,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static + use<K, S>
+where
+    K: Send + 'static,
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+{
+    let metrics = metrics.clone();
+    stream
+        .inspect_err(move |error| {
+            metrics.watch_error(resource);
+            tracing::warn!(resource, %error, "watch failed; reconnecting with backoff");
+        })
+        .default_backoff()
+}
+
+/// Feeds a watcher stream into `writer`'s store, [`retried`]. The stream must be polled for the
+/// store to fill.
 pub fn reflect<K, S>(
     stream: S,
     writer: Writer<K>,
@@ -84,14 +104,7 @@ where
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
-    let metrics = metrics.clone();
-    stream
-        .inspect_err(move |error| {
-            metrics.watch_error(resource);
-            tracing::warn!(resource, %error, "watch failed; reconnecting with backoff");
-        })
-        .default_backoff()
-        .reflect(writer)
+    retried(stream, resource, metrics).reflect(writer)
 }
 
 /// Drives one cluster-wide watch into `writer` until the process ends.

@@ -11,6 +11,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use prometheus_client::registry::Registry;
@@ -22,7 +23,7 @@ use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
 use crate::mpi::objects_for::runtime_ref;
 use crate::mpi::ssh_secret::generate_key_pair;
 use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
-use crate::objects::cluster::{CacheMetrics, ClusterObjects, reflect};
+use crate::objects::cluster::{CacheMetrics, ClusterObjects, reflect, retried};
 
 use super::context::{Context, ContextParts};
 use super::error::Error;
@@ -220,7 +221,7 @@ pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: T
         .graceful_shutdown_on(stop.clone())
         .run(reconcile, error_policy, Arc::clone(&ctx))
         .for_each(logged);
-    let jobsets = jobset_controller(&shared.client)
+    let jobsets = jobset_controller(&shared.client, &shared.cache_metrics)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(logged);
@@ -245,20 +246,66 @@ where
 /// The JobSet-mode controller: JobSets carrying the label (selected by the API server, so no
 /// other JobSet is cached), triggered again by our labelled Secrets (metadata only),
 /// ConfigMaps and NetworkPolicies they own. It shares the TrainJob controller's context, caches included; these
-/// watches only map owned objects to their JobSet.
-fn jobset_controller(client: &Client) -> Controller<JobSet> {
+/// watches only map owned objects to their JobSet. Each watch backs off on its own, as in
+/// [`controller`].
+fn jobset_controller(client: &Client, metrics: &CacheMetrics) -> Controller<JobSet> {
     let owned = watcher::Config::default().labels(&managed_selector());
-    Controller::new(
-        Api::<JobSet>::all(client.clone()),
-        watcher::Config::default().labels(IMPLEMENTATION_LABEL),
+    let jobsets = Writer::<JobSet>::new(());
+    let store = jobsets.as_reader();
+    let jobsets = reflect(
+        watcher(
+            Api::<JobSet>::all(client.clone()),
+            watcher::Config::default().labels(IMPLEMENTATION_LABEL),
+        ),
+        jobsets,
+        "jobsets",
+        metrics,
     )
-    .with_config(controller::Config::default().concurrency(CONCURRENCY))
-    .owns(
-        Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-        owned.clone(),
-    )
-    .owns(Api::<ConfigMap>::all(client.clone()), owned.clone())
-    .owns(Api::<NetworkPolicy>::all(client.clone()), owned)
+    .applied_objects();
+    let secrets = retried(
+        watcher(
+            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            owned.clone(),
+        ),
+        "secrets",
+        metrics,
+    );
+    let configmaps = retried(
+        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()),
+        "configmaps",
+        metrics,
+    );
+    let policies = retried(
+        watcher(Api::<NetworkPolicy>::all(client.clone()), owned),
+        "networkpolicies",
+        metrics,
+    );
+    Controller::for_stream(jobsets, store)
+        .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        .trigger_backoff(NoTriggerBackoff)
+        .owns_stream(secrets.touched_objects())
+        .owns_stream(configmaps.touched_objects())
+        .owns_stream(policies.touched_objects())
+}
+
+/// The controllers' trigger backoff: none, since every watch already backs off on its own
+/// ([`retried`]). kube's default pauses the merged stream of all of a controller's watches on
+/// any one watch's error; after an API server restart the watches' 410 Expired answers then
+/// came one per pause of up to a minute, and no watch (not even the TrainJobs') was read, nor
+/// relisted, for minutes.
+#[derive(Clone, Copy, Debug)]
+struct NoTriggerBackoff;
+
+impl Iterator for NoTriggerBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl Backoff for NoTriggerBackoff {
+    fn reset(&mut self) {}
 }
 
 /// The label selector of everything the reconciler creates, so its Secret, ConfigMap and
@@ -339,6 +386,7 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
     .touched_objects();
     let controller = Controller::for_stream(jobs_stream, jobs_store.clone())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
+        .trigger_backoff(NoTriggerBackoff)
         .owns_stream(secrets_stream)
         .owns_stream(configmaps_stream)
         .owns_stream(policies_stream)

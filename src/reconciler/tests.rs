@@ -783,17 +783,21 @@ fn runtime_changes_map_to_the_train_jobs_using_them() {
     assert_eq!(names(local(local_runtime)), ["c"]);
 }
 
-#[tokio::test]
-async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
-    let shared = Shared {
+/// Shared settings over a mock API server.
+fn shared(client: Client) -> Shared {
+    Shared {
         recorder: Recorder::new(client.clone(), Reporter::from("mpi-webhook")),
         client,
         metrics: ReconcileMetrics::default(),
         cache_metrics: CacheMetrics::default(),
         network_policy_default: false,
-    };
+    }
+}
+
+#[tokio::test]
+async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let shared = shared(Client::new(service, "default"));
     let (leader, leader_rx) = watch::channel(true);
     let controller = tokio::spawn(async move {
         let (stop_tx, mut stop_rx) = watch::channel(false);
@@ -852,6 +856,77 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
     }
     leader.send_replace(false);
     drop(leader);
+    controller.abort();
+}
+
+/// One watch that keeps failing (every NetworkPolicy watch is answered 410 Expired, as after an
+/// API server restart) never holds up another's events: a TrainJob that then arrives on its
+/// watch is reconciled at once, not after a backoff of the whole controller (which reached a
+/// minute after a few such failures).
+#[tokio::test(start_paused = true)]
+async fn a_failing_watch_does_not_hold_up_the_train_job_watch() {
+    const FAILURES: u32 = 12;
+    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let shared = shared(Client::new(service, "default"));
+    let (_leader, leader_rx) = watch::channel(true);
+    let controller = tokio::spawn(async move {
+        lead(&shared, leader_rx, Box::pin(futures::future::pending())).await;
+    });
+    let line = |kind: &str, object: Value| {
+        let mut line = serde_json::to_vec(&json!({"type": kind, "object": object})).expect("json");
+        line.push(b'\n');
+        line
+    };
+    let train_job = json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+        "metadata": {"name": "pi", "namespace": "team", "uid": "uid-1", "resourceVersion": "8"},
+        "spec": {"runtimeRef": {"name": "deepspeed"}, "trainer": {"numNodes": 3}}});
+    let (mut failures, mut held, mut trainjobs_watch, mut answered) = (0, Vec::new(), None, None);
+    let first_reconcile_call = loop {
+        let (request, reply) = tokio::time::timeout(RETRY_MAX, handle.next_request())
+            .await
+            .expect("a request")
+            .expect("open");
+        let (path, query) = (
+            request.uri().path(),
+            request.uri().query().unwrap_or_default(),
+        );
+        if !query.contains("watch=true") && !query.contains("limit=") {
+            break path.to_string();
+        }
+        if !query.contains("watch=true") {
+            respond(
+                reply,
+                200,
+                &json!({"apiVersion": "v1", "kind": "List",
+                        "metadata": {"resourceVersion": "7"}, "items": []}),
+            );
+        } else if path.ends_with("/networkpolicies") {
+            failures += 1;
+            let expired = line("ERROR", status_body(410));
+            reply.send_response(Response::new(Body::from(expired)));
+        } else if path.ends_with("/trainjobs") && answered.is_none() && trainjobs_watch.is_none() {
+            trainjobs_watch = Some(reply);
+        } else {
+            held.push(reply); // kept open, never answered
+        }
+        if failures >= FAILURES
+            && let Some(reply) = trainjobs_watch.take()
+        {
+            answered = Some(tokio::time::Instant::now());
+            let added = line("ADDED", train_job.clone());
+            reply.send_response(Response::new(Body::from(added)));
+        }
+    };
+    let waited = answered.expect("the TrainJob was sent").elapsed();
+    assert_eq!(
+        first_reconcile_call,
+        "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes/deepspeed"
+    );
+    // Mock time: a controller-wide backoff would have grown to seconds by then.
+    assert!(
+        waited < Duration::from_secs(1),
+        "reconciled after {waited:?}"
+    );
     controller.abort();
 }
 

@@ -1,5 +1,5 @@
-//! Reading the reconciler's `/metrics` (Prometheus' text format), for `tests/reconcile_process.rs`
-//! and `benches/reconciler.rs`.
+//! Reading the reconciler's `/metrics` (Prometheus' text format), for `tests/envtest` and
+//! `benches/scale.rs`.
 
 /// The sum of every sample of `name` (with or without labels) in `text`.
 pub fn sum(text: &str, name: &str) -> u64 {
