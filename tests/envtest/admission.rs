@@ -180,6 +180,78 @@ async fn jobset_mode_jobsets_are_stored_patched_and_their_pods_validate() {
     webhook.stop(plane).await;
 }
 
+/// JobSet mode on a hardened cluster: in a namespace enforcing the `restricted` Pod Security
+/// Standard, the restricted sample (its own image, any UID, no capabilities) is stored patched
+/// with the generated ssh setup, and the apiserver's PodSecurity admits every patched pod
+/// template; the same namespace refuses the root-running sample, so the check is live.
+#[tokio::test]
+async fn in_a_restricted_namespace_the_patched_pods_are_admitted() {
+    let Some(plane) = control_plane::shared().await else {
+        return;
+    };
+    install(plane).await;
+    let ns = plane.namespace("restricted").await;
+    let admin = plane.admin();
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+        kube::Api::all(admin.clone());
+    namespaces
+        .patch(
+            &ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted"}}})),
+        )
+        .await
+        .expect("label the namespace restricted");
+    let webhook = Webhook::start(plane, &ns).await;
+    let review = "jobset-mode-create-openmpi-restricted.json";
+    let jobset = sample_object(review, &ns);
+    let expected = patched_offline(review, &jobset);
+    let stored = create(&admin, &jobset)
+        .await
+        .unwrap_or_else(|e| panic!("{review}: {e}\n{}", webhook.process.log_tail()));
+    assert!(
+        contains(&stored["spec"], &expected["spec"]),
+        "{review}: stored {:#}\nexpected {:#}",
+        stored["spec"],
+        expected["spec"]
+    );
+    let init: Vec<&str> = stored["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+        ["spec"]["initContainers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(init, ["mpi-ssh-setup"], "the generated ssh setup");
+    pods_validate(plane, &stored).await;
+
+    // The root-running sample, patched the same way, breaks `restricted`: PodSecurity refuses it.
+    let root = create(
+        &admin,
+        &sample_object("jobset-mode-create-openmpi.json", &ns),
+    )
+    .await
+    .expect("a JobSet is not a Pod: PodSecurity only warns");
+    let template = &root["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(admin, &ns);
+    let pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "root-node-0-0"}, "spec": template["spec"]}))
+    .expect("a Pod");
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    match pods.create(&dry_run, &pod).await {
+        Err(kube::Error::Api(e)) => assert!(
+            e.code == 403 && e.message.contains("violates PodSecurity \"restricted:"),
+            "{e:?}"
+        ),
+        other => panic!("the root-running Pod was not refused: {other:?}"),
+    }
+    webhook.stop(plane).await;
+}
+
 /// TrainJob mode: the JobSet Trainer creates for an MPI TrainJob (owned by it) is stored with our
 /// patch, which `serve` computes from the TrainJob and runtime it reads from the apiserver; its
 /// pod templates pass Pod validation.
