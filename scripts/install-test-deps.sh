@@ -2,9 +2,10 @@
 # Installs what the tests need, idempotently (a second run installs nothing): kubernetes-validate
 # and, when missing, kubectl (tests/manifests.rs), and the MPI launchers, sshd and iproute2
 # (tests/mpi_launchers), and the envtest control plane (tests/envtest): etcd from Debian when root
-# and missing, and, when the team's ../shared/envtest exists, kube-apiserver and
-# kube-controller-manager unpacked into target/envtest with their SHA256 checked (skipped when present
-# and matching). Elsewhere `setup-envtest use 1.36.x -p path` fills a KUBEBUILDER_ASSETS directory.
+# and missing, and, when the team's envtest folder (next to the repository) exists,
+# kube-apiserver and kube-controller-manager unpacked into target/envtest with their SHA256
+# checked (skipped when present and matching). Elsewhere `setup-envtest use 1.36.x -p path`
+# fills a KUBEBUILDER_ASSETS directory.
 # The README's test command is this script followed by `cargo test --locked`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
