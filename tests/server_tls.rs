@@ -250,8 +250,8 @@ async fn mutate_jobset_patches_allows_and_denies() {
     f.server.shutdown().await;
 }
 
-/// JobSet mode over real TLS: the sample's CREATE is patched on the mutating route (id_rsa
-/// 0600) and admitted by the validating route; a broken label is denied by both with the same
+/// JobSet mode over real TLS: the sample's CREATE is patched on the mutating route (the
+/// generated ssh setup) and admitted by the validating route; a broken label is denied by both with the same
 /// message; an UPDATE changing the label is denied as immutable; the metrics count the new route.
 #[tokio::test]
 async fn jobset_mode_is_patched_validated_and_fixed_after_creation() {
@@ -268,10 +268,14 @@ async fn jobset_mode_is_patched_validated_and_fixed_after_creation() {
     json_patch::patch(&mut patched, &patch).expect("the patch applies");
     let pod =
         |i: usize| &patched["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
+    // The generated ssh setup (the default): the key projected read-only for the
+    // `mpi-ssh-setup` init container, which copies it 0600 for the running UID.
+    assert_eq!(pod(0)["volumes"][0]["secret"]["defaultMode"], 292);
     assert_eq!(
         pod(0)["volumes"][0]["secret"]["items"][0],
-        json!({"key": "ssh-privatekey", "path": "id_rsa", "mode": 384})
+        json!({"key": "ssh-privatekey", "path": "id_rsa"})
     );
+    assert_eq!(pod(0)["initContainers"][0]["name"], "mpi-ssh-setup");
     let envs: Vec<&Value> = (0..2)
         .flat_map(|i| pod(i)["containers"].as_array().into_iter().flatten())
         .flat_map(|c| c["env"].as_array().into_iter().flatten())
