@@ -74,35 +74,67 @@ fn contains(stored: &Value, expected: &Value) -> bool {
     }
 }
 
-/// Dry-run creates one Pod per replicated job of `jobset`, from its pod template: the apiserver's
-/// Pod validation and admission (ServiceAccount, PodSecurity) must accept every one.
-async fn pods_validate(plane: &ControlPlane, jobset: &Value) {
-    let admin = plane.admin();
+/// One Pod per replicated job of `jobset`, from its pod template, named as JobSet names them.
+fn pods_of(jobset: &Value) -> Vec<(String, k8s_openapi::api::core::v1::Pod)> {
+    jobset["spec"]["replicatedJobs"]
+        .as_array()
+        .expect("replicatedJobs")
+        .iter()
+        .map(|job| {
+            let template = &job["template"]["spec"]["template"];
+            let name = format!(
+                "{}-{}-0-0",
+                jobset["metadata"]["name"].as_str().unwrap_or_default(),
+                job["name"].as_str().unwrap_or_default()
+            );
+            let mut metadata = template.get("metadata").cloned().unwrap_or(json!({}));
+            metadata["name"] = json!(name);
+            let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+                             "spec": template["spec"]});
+            (name, serde_json::from_value(pod).expect("a Pod"))
+        })
+        .collect()
+}
+
+/// Dry-run creates every Pod of [`pods_of`]: the apiserver's answer for each, by name.
+async fn dry_run_pods(
+    plane: &ControlPlane,
+    jobset: &Value,
+) -> Vec<(String, Result<(), kube::Error>)> {
     let namespace = jobset["metadata"]["namespace"].as_str().expect("namespace");
-    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(admin, namespace);
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> =
+        kube::Api::namespaced(plane.admin(), namespace);
     let dry_run = kube::api::PostParams {
         dry_run: true,
         ..Default::default()
     };
-    for job in jobset["spec"]["replicatedJobs"]
-        .as_array()
-        .expect("replicatedJobs")
-    {
-        let template = &job["template"]["spec"]["template"];
-        let name = format!(
-            "{}-{}-0-0",
-            jobset["metadata"]["name"].as_str().unwrap_or_default(),
-            job["name"].as_str().unwrap_or_default()
-        );
-        let mut metadata = template.get("metadata").cloned().unwrap_or(json!({}));
-        metadata["name"] = json!(name);
-        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata,
-                         "spec": template["spec"]});
-        let pod = serde_json::from_value(pod).expect("a Pod");
-        if let Err(e) = pods.create(&dry_run, &pod).await {
-            panic!("the apiserver refused the Pod of {name}: {e}\n{template:#}");
+    let mut answers = Vec::new();
+    for (name, pod) in pods_of(jobset) {
+        answers.push((name, pods.create(&dry_run, &pod).await.map(|_| ())));
+    }
+    answers
+}
+
+/// The apiserver's Pod validation and admission (ServiceAccount, PodSecurity) accept a Pod of
+/// every pod template of `jobset`.
+async fn pods_validate(plane: &ControlPlane, jobset: &Value) {
+    for (name, answer) in dry_run_pods(plane, jobset).await {
+        if let Err(e) = answer {
+            panic!("the apiserver refused the Pod of {name}: {e}\n{jobset:#}");
         }
     }
+}
+
+/// The apiserver refuses a Pod of every pod template of `jobset` with 403: the messages.
+async fn pods_refused(plane: &ControlPlane, jobset: &Value) -> Vec<String> {
+    dry_run_pods(plane, jobset)
+        .await
+        .into_iter()
+        .map(|(name, answer)| match answer {
+            Err(kube::Error::Api(e)) if e.code == 403 => e.message,
+            other => panic!("the Pod of {name} was not refused: {other:?}"),
+        })
+        .collect()
 }
 
 #[tokio::test]
@@ -147,6 +179,24 @@ async fn a_trainjob_with_a_reserved_env_is_denied_with_the_exact_message() {
     webhook.stop(plane).await;
 }
 
+/// Creates the object of sample `review` in `ns` through the apiserver (so through `webhook`) and
+/// checks that it was stored with the offline `review mutate` patch applied; the stored object.
+async fn create_patched(plane: &ControlPlane, webhook: &Webhook, review: &str, ns: &str) -> Value {
+    let jobset = sample_object(review, ns);
+    let expected = patched_offline(review, &jobset);
+    let stored = create(&plane.admin(), &jobset)
+        .await
+        .unwrap_or_else(|e| panic!("{review}: {e}\n{}", webhook.process.log_tail()));
+    assert!(
+        contains(&stored["spec"], &expected["spec"]),
+        "{review}: stored {:#}\nexpected {:#}",
+        stored["spec"],
+        expected["spec"]
+    );
+    assert_ne!(stored["spec"], jobset["spec"], "{review}: patched");
+    stored
+}
+
 /// JobSet mode, every shipped sample: the apiserver stores the JobSet with our patch applied
 /// (the same patch the offline `review` answers), and every patched pod template passes the
 /// apiserver's Pod validation.
@@ -163,18 +213,7 @@ async fn jobset_mode_jobsets_are_stored_patched_and_their_pods_validate() {
         "jobset-mode-create-mpich.json",
         "jobset-mode-create-intel.json",
     ] {
-        let jobset = sample_object(review, &ns);
-        let expected = patched_offline(review, &jobset);
-        let stored = create(&plane.admin(), &jobset)
-            .await
-            .unwrap_or_else(|e| panic!("{review}: {e}\n{}", webhook.process.log_tail()));
-        assert!(
-            contains(&stored["spec"], &expected["spec"]),
-            "{review}: stored {:#}\nexpected {:#}",
-            stored["spec"],
-            expected["spec"]
-        );
-        assert_ne!(stored["spec"], jobset["spec"], "{review}: patched");
+        let stored = create_patched(plane, &webhook, review, &ns).await;
         pods_validate(plane, &stored).await;
     }
     webhook.stop(plane).await;
@@ -183,7 +222,8 @@ async fn jobset_mode_jobsets_are_stored_patched_and_their_pods_validate() {
 /// JobSet mode on a hardened cluster: in a namespace enforcing the `restricted` Pod Security
 /// Standard, the restricted sample (its own image, any UID, no capabilities) is stored patched
 /// with the generated ssh setup, and the apiserver's PodSecurity admits every patched pod
-/// template; the same namespace refuses the root-running sample, so the check is live.
+/// template; the same Pods without the init container's securityContext are refused, so the
+/// check can fail and what passes is the webhook's doing.
 #[tokio::test]
 async fn in_a_restricted_namespace_the_patched_pods_are_admitted() {
     let Some(plane) = control_plane::shared().await else {
@@ -204,50 +244,45 @@ async fn in_a_restricted_namespace_the_patched_pods_are_admitted() {
         .await
         .expect("label the namespace restricted");
     let webhook = Webhook::start(plane, &ns).await;
-    let review = "jobset-mode-create-openmpi-restricted.json";
-    let jobset = sample_object(review, &ns);
-    let expected = patched_offline(review, &jobset);
-    let stored = create(&admin, &jobset)
-        .await
-        .unwrap_or_else(|e| panic!("{review}: {e}\n{}", webhook.process.log_tail()));
-    assert!(
-        contains(&stored["spec"], &expected["spec"]),
-        "{review}: stored {:#}\nexpected {:#}",
-        stored["spec"],
-        expected["spec"]
-    );
-    let init: Vec<&str> = stored["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
-        ["spec"]["initContainers"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c["name"].as_str())
-        .collect();
-    assert_eq!(init, ["mpi-ssh-setup"], "the generated ssh setup");
+    let stored = create_patched(
+        plane,
+        &webhook,
+        "jobset-mode-create-openmpi-restricted.json",
+        &ns,
+    )
+    .await;
+    let init = |stored: &Value| -> Vec<String> {
+        stored["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+            ["initContainers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["name"].as_str().map(String::from))
+            .collect()
+    };
+    assert_eq!(init(&stored), ["mpi-ssh-setup"], "the generated ssh setup");
     pods_validate(plane, &stored).await;
 
-    // The root-running sample, patched the same way, breaks `restricted`: PodSecurity refuses it.
-    let root = create(
-        &admin,
-        &sample_object("jobset-mode-create-openmpi.json", &ns),
-    )
-    .await
-    .expect("a JobSet is not a Pod: PodSecurity only warns");
-    let template = &root["spec"]["replicatedJobs"][0]["template"]["spec"]["template"];
-    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(admin, &ns);
-    let pod = serde_json::from_value(json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "root-node-0-0"}, "spec": template["spec"]}))
-    .expect("a Pod");
-    let dry_run = kube::api::PostParams {
-        dry_run: true,
-        ..Default::default()
-    };
-    match pods.create(&dry_run, &pod).await {
-        Err(kube::Error::Api(e)) => assert!(
-            e.code == 403 && e.message.contains("violates PodSecurity \"restricted:"),
-            "{e:?}"
-        ),
-        other => panic!("the root-running Pod was not refused: {other:?}"),
+    // The same Pods with the init container's securityContext removed break `restricted`:
+    // PodSecurity refuses them, so what passes above is the webhook's securityContext.
+    let mut weakened = stored.clone();
+    for job in weakened["spec"]["replicatedJobs"]
+        .as_array_mut()
+        .expect("replicatedJobs")
+    {
+        let pod = &mut job["template"]["spec"]["template"]["spec"];
+        for init in pod["initContainers"].as_array_mut().into_iter().flatten() {
+            if init["name"] == "mpi-ssh-setup" {
+                init.as_object_mut().map(|c| c.remove("securityContext"));
+            }
+        }
+    }
+    for message in pods_refused(plane, &weakened).await {
+        assert!(
+            message.contains("violates PodSecurity \"restricted:")
+                && message.contains("mpi-ssh-setup"),
+            "{message}"
+        );
     }
     webhook.stop(plane).await;
 }
