@@ -74,14 +74,17 @@ fuzz_target!(|data: &[u8]| {
     }
 });
 
-/// What the policy writes: the worker counts, and the pod specs' volumes and the containers'
-/// mounts and env, as JSON pointers without the leading `/` (`*` is any index).
+/// What the policy writes: the worker counts, the pod specs' volumes, the containers' mounts and
+/// env, and JobSet mode's successPolicy default, as JSON pointers without the leading `/` (`*`
+/// is any index).
 const OWNED: &[&str] = &[
     "spec/replicatedJobs/*/template/spec/parallelism",
     "spec/replicatedJobs/*/template/spec/completions",
     "spec/replicatedJobs/*/template/spec/template/spec/volumes",
     "spec/replicatedJobs/*/template/spec/template/spec/containers/*/volumeMounts",
     "spec/replicatedJobs/*/template/spec/template/spec/containers/*/env",
+    // JobSet mode: a `null` successPolicy is no policy, and gets the launcher's.
+    "spec/successPolicy",
 ];
 
 /// Whether `tokens` agrees with the [`OWNED`] pattern wherever both have a token.

@@ -1322,6 +1322,18 @@ async fn no_success_policy_gets_the_launchers() {
     assert_eq!(policy, launcher);
 }
 
+/// A `null` successPolicy is no policy (found by the `mutation` fuzz target): it is replaced.
+#[tokio::test]
+async fn a_null_success_policy_gets_the_launchers() {
+    let (ops, policy) = success_policy_of(Some(Value::Null)).await;
+    let launcher = json!({"operator": "All", "targetReplicatedJobs": ["launcher"]});
+    assert_eq!(
+        ops,
+        [json!({"op": "replace", "path": "/spec/successPolicy", "value": launcher})]
+    );
+    assert_eq!(policy, launcher);
+}
+
 #[tokio::test]
 async fn all_with_no_targets_as_jobset_defaults_it_gets_the_launcher() {
     let (ops, policy) = success_policy_of(Some(json!({"operator": "All"}))).await;
