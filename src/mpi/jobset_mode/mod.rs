@@ -10,6 +10,7 @@
 //!
 //! [`MpiPlan::for_jobset`]: super::plan::MpiPlan::for_jobset
 
+pub mod preflight_failure;
 pub mod rules;
 pub mod settings;
 pub mod ssh_setup;
