@@ -36,6 +36,7 @@ pub struct ReconcileMetrics {
     duration: Histogram,
     writes: Family<WriteLabel, Counter>,
     hostfile_conflicts: Counter,
+    preflight_failures: Counter,
     leader: Gauge,
 }
 
@@ -48,6 +49,7 @@ impl Default for ReconcileMetrics {
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             writes: Family::default(),
             hostfile_conflicts: Counter::default(),
+            preflight_failures: Counter::default(),
             leader: Gauge::default(),
         }
     }
@@ -56,7 +58,8 @@ impl Default for ReconcileMetrics {
 impl ReconcileMetrics {
     /// New metrics registered into `registry` (expected to carry the `mpi_webhook` prefix):
     /// `reconciles_total`, `reconcile_errors_total{error}`, `reconcile_duration_seconds`,
-    /// `writes_total{object}`, `hostfile_conflicts_total` and `leader`.
+    /// `writes_total{object}`, `hostfile_conflicts_total`, `preflight_failures_total` and
+    /// `leader`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         registry.register(
@@ -83,6 +86,11 @@ impl ReconcileMetrics {
             "hostfile_conflicts",
             "Hostfile ConfigMap applies left undone because Kubeflow Trainer's field manager holds different values",
             metrics.hostfile_conflicts.clone(),
+        );
+        registry.register(
+            "preflight_failures",
+            "Failed launcher pre-flights (JobSet mode) recorded as PreflightFailed Events",
+            metrics.preflight_failures.clone(),
         );
         registry.register(
             "leader",
@@ -114,6 +122,16 @@ impl ReconcileMetrics {
     /// Counts one hostfile ConfigMap left to Kubeflow Trainer (its manager holds other values).
     pub fn hostfile_conflict(&self) {
         self.hostfile_conflicts.inc();
+    }
+
+    /// Counts one failed pre-flight run recorded as an Event.
+    pub fn preflight_failure(&self) {
+        self.preflight_failures.inc();
+    }
+
+    /// Failed pre-flight runs recorded so far.
+    pub fn preflight_failures(&self) -> u64 {
+        self.preflight_failures.get()
     }
 
     /// Records whether this replica is the leader.

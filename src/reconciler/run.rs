@@ -29,6 +29,7 @@ use super::context::{Context, ContextParts};
 use super::error::Error;
 use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};
 use super::metrics::{Probes, ReconcileMetrics, probes_router};
+use super::preflight::LauncherPods;
 use super::reconcile::{error_policy, reconcile};
 
 /// Timeout of every Lease request: below the renewal grace, so a hung renewal fails (and the
@@ -77,6 +78,8 @@ impl ReconcileError {
 pub(super) struct Shared {
     pub(super) client: Client,
     pub(super) recorder: Recorder,
+    /// Who the Events say recorded them (the Recorder's, for the Events written directly).
+    pub(super) reporter: Reporter,
     pub(super) metrics: ReconcileMetrics,
     pub(super) cache_metrics: CacheMetrics,
     /// `--network-policy-default`.
@@ -98,6 +101,7 @@ pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
     let mut registry = Registry::with_prefix("mpi_webhook");
     let shared = Shared {
         recorder: Recorder::new(client.clone(), reporter(&settings.holder)),
+        reporter: reporter(&settings.holder),
         metrics: ReconcileMetrics::register(&mut registry),
         cache_metrics: CacheMetrics::register(&mut registry),
         network_policy_default: args.network_policy_default,
@@ -210,22 +214,37 @@ async fn serve_probes(
     }))
 }
 
-/// One leadership term: fresh watches and caches, reconciling TrainJobs and JobSet-mode JobSets
-/// until `stop` resolves.
+/// One leadership term: fresh watches and caches, reconciling TrainJobs and JobSet-mode JobSets,
+/// and reporting the JobSets' failed pre-flights, until `stop` resolves.
 pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: TermEnd) {
     shared.metrics.set_leader(true);
-    let (controller, ctx) = controller(shared, leader);
+    let (controller, ctx) = controller(shared, leader.clone());
     let ctx = Arc::new(ctx);
     let stop = stop.shared();
     let train_jobs = controller
         .graceful_shutdown_on(stop.clone())
         .run(reconcile, error_policy, Arc::clone(&ctx))
         .for_each(logged);
-    let jobsets = jobset_controller(&shared.client, &shared.cache_metrics)
-        .graceful_shutdown_on(stop)
+    let (jobset_controller, jobsets, jobsets_listed) =
+        jobset_controller(&shared.client, &shared.cache_metrics);
+    let jobset_reconciles = jobset_controller
+        .graceful_shutdown_on(stop.clone())
         .run(reconcile, error_policy, ctx)
         .for_each(logged);
-    futures::future::join(train_jobs, jobsets).await;
+    let launcher_pods = LauncherPods {
+        client: shared.client.clone(),
+        jobsets,
+        jobsets_listed,
+        leader,
+        reporter: shared.reporter.clone(),
+        metrics: shared.metrics.clone(),
+        cache_metrics: shared.cache_metrics.clone(),
+    };
+    // Ends with the term; the controllers end once their reconciles in flight are done.
+    let preflights = async {
+        futures::future::select(std::pin::pin!(launcher_pods.run()), stop).await;
+    };
+    futures::future::join3(train_jobs, jobset_reconciles, preflights).await;
     shared.metrics.set_leader(false);
 }
 
@@ -247,11 +266,17 @@ where
 /// other JobSet is cached), triggered again by our labelled Secrets (metadata only),
 /// ConfigMaps and NetworkPolicies they own. It shares the TrainJob controller's context, caches included; these
 /// watches only map owned objects to their JobSet. Each watch backs off on its own, as in
-/// [`controller`].
-fn jobset_controller(client: &Client, metrics: &CacheMetrics) -> Controller<JobSet> {
+/// [`controller`]. Also returns its JobSet cache, and a flag raised once that cache holds its
+/// first list (kube's `Store::wait_until_ready` wakes only one waiter, and the controller is
+/// one already).
+fn jobset_controller(
+    client: &Client,
+    metrics: &CacheMetrics,
+) -> (Controller<JobSet>, Store<JobSet>, watch::Receiver<bool>) {
     let owned = watcher::Config::default().labels(&managed_selector());
     let jobsets = Writer::<JobSet>::new(());
     let store = jobsets.as_reader();
+    let (listed_tx, listed) = watch::channel(false);
     let jobsets = reflect(
         watcher(
             Api::<JobSet>::all(client.clone()),
@@ -261,6 +286,11 @@ fn jobset_controller(client: &Client, metrics: &CacheMetrics) -> Controller<JobS
         "jobsets",
         metrics,
     )
+    .inspect_ok(move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            listed_tx.send_replace(true);
+        }
+    })
     .applied_objects();
     let secrets = retried(
         watcher(
@@ -280,12 +310,13 @@ fn jobset_controller(client: &Client, metrics: &CacheMetrics) -> Controller<JobS
         "networkpolicies",
         metrics,
     );
-    Controller::for_stream(jobsets, store)
+    let controller = Controller::for_stream(jobsets, store.clone())
         .with_config(controller::Config::default().concurrency(CONCURRENCY))
         .trigger_backoff(NoTriggerBackoff)
         .owns_stream(secrets.touched_objects())
         .owns_stream(configmaps.touched_objects())
-        .owns_stream(policies.touched_objects())
+        .owns_stream(policies.touched_objects());
+    (controller, store, listed)
 }
 
 /// The controllers' trigger backoff: none, since every watch already backs off on its own

@@ -787,6 +787,7 @@ fn runtime_changes_map_to_the_train_jobs_using_them() {
 fn shared(client: Client) -> Shared {
     Shared {
         recorder: Recorder::new(client.clone(), Reporter::from("mpi-webhook")),
+        reporter: Reporter::from("mpi-webhook"),
         client,
         metrics: ReconcileMetrics::default(),
         cache_metrics: CacheMetrics::default(),

@@ -1,0 +1,431 @@
+//! JobSet mode: a failed launcher pre-flight said on the JobSet, as a `PreflightFailed` Warning
+//! Event (what it says, and its name, are [`crate::mpi::jobset_mode::preflight_failure`]'s).
+//!
+//! One label-selected watch of every JobSet's launcher Pods, read only and uncached: each Pod is
+//! looked at when it changes and dropped. Only Pods of the JobSet-mode JobSets in the JobSet
+//! controller's cache are reported, so the watch waits for that cache's first list. An Event is
+//! created once per failed run: its name is fixed by the Pod's UID and the run, so a relist, a
+//! resync or a restarted reconciler that sees the same failure gets `AlreadyExists` and counts
+//! nothing; this term also remembers what it recorded, per Pod, so it does not even ask again.
+//! Recording is best effort like every Event: a failed create is logged and tried again on the
+//! Pod's next change. It runs within a leadership term, and only writes while leading.
+
+use std::collections::{BTreeSet, HashMap};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::PostParams;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
+use tokio::sync::watch;
+
+use crate::api::JobSet;
+use crate::mpi::jobset_mode::preflight_failure::{
+    PREFLIGHT_FAILED, PreflightFailure, launcher_pod_selector, preflight_failures,
+};
+use crate::objects::cluster::{CacheMetrics, retried};
+
+use super::metrics::ReconcileMetrics;
+
+/// What the launcher-Pod watch needs, for one leadership term.
+pub(super) struct LauncherPods {
+    pub(super) client: Client,
+    /// The JobSet-mode JobSets (the JobSet controller's cache).
+    pub(super) jobsets: Store<JobSet>,
+    /// Becomes `true` once `jobsets` holds its first list.
+    pub(super) jobsets_listed: watch::Receiver<bool>,
+    /// `true` while this replica may write.
+    pub(super) leader: watch::Receiver<bool>,
+    pub(super) reporter: Reporter,
+    pub(super) metrics: ReconcileMetrics,
+    pub(super) cache_metrics: CacheMetrics,
+}
+
+impl LauncherPods {
+    /// Watches the launcher Pods until the term ends (the caller drops this future).
+    pub(super) async fn run(mut self) {
+        // An Event names its JobSet's UID, and a Pod of a JobSet not in the cache is not
+        // reported: before the first list every JobSet would look like none of ours.
+        if self
+            .jobsets_listed
+            .wait_for(|listed| *listed)
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let pods = Api::<Pod>::all(self.client.clone());
+        let config = watcher::Config::default().labels(&launcher_pod_selector());
+        let events = retried(watcher(pods, config), "pods", &self.cache_metrics);
+        self.handle_all(events).await;
+    }
+
+    /// Handles every event of the Pod watch, in order.
+    pub(super) async fn handle_all(
+        &self,
+        events: impl Stream<Item = Result<watcher::Event<Pod>, watcher::Error>>,
+    ) {
+        let mut recorded = Recorded::default();
+        let mut events = std::pin::pin!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(watcher::Event::Init) => recorded.relist(),
+                Ok(watcher::Event::InitApply(pod)) => {
+                    recorded.keep(&pod);
+                    self.report(&pod, &mut recorded).await;
+                }
+                Ok(watcher::Event::Apply(pod)) => self.report(&pod, &mut recorded).await,
+                Ok(watcher::Event::InitDone) => recorded.listed(),
+                Ok(watcher::Event::Delete(pod)) => recorded.forget(&pod),
+                Err(_) => {} // logged and backed off by `retried`
+            }
+        }
+    }
+
+    /// Records an Event for each failed pre-flight run of `pod` not recorded yet.
+    async fn report(&self, pod: &Pod, recorded: &mut Recorded) {
+        for failure in preflight_failures(pod) {
+            if recorded.has(&failure) {
+                continue;
+            }
+            let key = ObjectRef::new(&failure.jobset).within(&failure.namespace);
+            let Some(jobset) = self.jobsets.get(&key) else {
+                continue; // not a JobSet-mode JobSet
+            };
+            if !*self.leader.borrow() {
+                return;
+            }
+            if self.record(&failure, &jobset).await {
+                recorded.add(&failure);
+            }
+        }
+    }
+
+    /// Creates the Event; `true` when it exists now (made here or before).
+    async fn record(&self, failure: &PreflightFailure, jobset: &JobSet) -> bool {
+        let regarding = ObjectReference {
+            api_version: Some(JobSet::api_version(&()).into_owned()),
+            kind: Some(JobSet::kind(&()).into_owned()),
+            name: jobset.metadata.name.clone(),
+            namespace: jobset.metadata.namespace.clone(),
+            uid: jobset.metadata.uid.clone(),
+            ..ObjectReference::default()
+        };
+        let instance = self.reporter.instance.as_deref().unwrap_or_default();
+        let event = failure.event(
+            regarding,
+            &self.reporter.controller,
+            instance,
+            k8s_openapi::jiff::Timestamp::now(),
+        );
+        let events = Api::<Event>::namespaced(self.client.clone(), &failure.namespace);
+        match events.create(&PostParams::default(), &event).await {
+            Ok(_) => {
+                self.metrics.preflight_failure();
+                tracing::info!(namespace = %failure.namespace, jobset = %failure.jobset,
+                    pod = %failure.pod, run = failure.run, reason = PREFLIGHT_FAILED,
+                    "recorded a failed pre-flight");
+                true
+            }
+            Err(kube::Error::Api(status)) if status.code == 409 => true,
+            Err(error) => {
+                tracing::warn!(%error, namespace = %failure.namespace, jobset = %failure.jobset,
+                    pod = %failure.pod, "recording a failed pre-flight failed");
+                false
+            }
+        }
+    }
+}
+
+/// The failed runs this term has recorded (or found recorded), by Pod UID. A deleted Pod's are
+/// forgotten; across a relist, which does not say which Pods went away, only the Pods listed
+/// again keep theirs.
+#[derive(Debug, Default)]
+struct Recorded {
+    runs: HashMap<String, BTreeSet<i32>>,
+    before_relist: HashMap<String, BTreeSet<i32>>,
+}
+
+impl Recorded {
+    fn has(&self, failure: &PreflightFailure) -> bool {
+        self.runs
+            .get(&failure.pod_uid)
+            .is_some_and(|runs| runs.contains(&failure.run))
+    }
+
+    fn add(&mut self, failure: &PreflightFailure) {
+        self.runs
+            .entry(failure.pod_uid.clone())
+            .or_default()
+            .insert(failure.run);
+    }
+
+    fn relist(&mut self) {
+        self.before_relist = std::mem::take(&mut self.runs);
+    }
+
+    fn keep(&mut self, pod: &Pod) {
+        if let Some(runs) = pod
+            .metadata
+            .uid
+            .as_ref()
+            .and_then(|uid| self.before_relist.remove_entry(uid))
+        {
+            self.runs.insert(runs.0, runs.1);
+        }
+    }
+
+    fn listed(&mut self) {
+        self.before_relist = HashMap::new();
+    }
+
+    fn forget(&mut self, pod: &Pod) {
+        if let Some(uid) = &pod.metadata.uid {
+            self.runs.remove(uid);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::channel::mpsc;
+    use http::{Method, Request, Response};
+    use kube::client::Body;
+    use pretty_assertions::assert_eq;
+    use serde_json::{Value, json};
+
+    use super::*;
+    use crate::objects::cluster::tests::synced_store;
+
+    const TIMEOUT: Duration = Duration::from_secs(2);
+    const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team/events?";
+    const LINE: &str = "pi-node-0-1.pi: no DNS answer after 300 s";
+
+    type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+    type Events = mpsc::UnboundedSender<Result<watcher::Event<Pod>, watcher::Error>>;
+
+    fn jobset() -> JobSet {
+        serde_json::from_value(json!({
+            "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "metadata": {"name": "pi", "namespace": "team", "uid": "js-1",
+                         "labels": {"mpi-webhook.io/implementation": "OpenMPI"}},
+            "spec": {}
+        }))
+        .expect("JobSet")
+    }
+
+    /// A launcher Pod of JobSet `jobset` whose `init` is its `mpi-preflight` status.
+    fn pod(jobset: &str, uid: &str, init: Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{jobset}-launcher-0-0-x"), "namespace": "team",
+                "uid": uid, "labels": {"jobset.sigs.k8s.io/jobset-name": jobset,
+                                       "jobset.sigs.k8s.io/replicatedjob-name": "launcher"}},
+            "status": {"initContainerStatuses": [init]}
+        }))
+        .expect("Pod")
+    }
+
+    fn preflight(name: &str, restarts: i32, code: i32, last_code: Option<i32>) -> Value {
+        let terminated = |code: i32, message: &str| json!({"terminated": {"exitCode": code, "reason": "Error", "message": message}});
+        json!({"name": name, "image": "i", "imageID": "", "ready": false,
+               "restartCount": restarts, "state": terminated(code, LINE),
+               "lastState": last_code.map_or(json!({}), |c| terminated(c, "before"))})
+    }
+
+    fn failed(restarts: i32) -> Pod {
+        let last = (restarts > 0).then_some(1);
+        pod("pi", "u-1", preflight("mpi-preflight", restarts, 1, last))
+    }
+
+    /// The watch handler over a mock API server, fed by the returned sender; the task returns the
+    /// failures it counted once the sender is dropped.
+    fn launcher_pods(
+        leader: bool,
+    ) -> (
+        Events,
+        Handle,
+        tokio::task::JoinHandle<u64>,
+        watch::Sender<bool>,
+    ) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (leader_tx, leader_rx) = watch::channel(leader);
+        let pods = LauncherPods {
+            client: Client::new(service, "default"),
+            jobsets: synced_store((), vec![jobset()]),
+            jobsets_listed: watch::channel(true).1,
+            leader: leader_rx,
+            reporter: Reporter {
+                controller: "mpi-webhook".into(),
+                instance: Some("replica-a".into()),
+            },
+            metrics: ReconcileMetrics::default(),
+            cache_metrics: CacheMetrics::default(),
+        };
+        let (tx, rx) = mpsc::unbounded();
+        let task = tokio::spawn(async move {
+            pods.handle_all(rx).await;
+            pods.metrics.preflight_failures()
+        });
+        (tx, handle, task, leader_tx)
+    }
+
+    fn send(events: &Events, event: watcher::Event<Pod>) {
+        events.unbounded_send(Ok(event)).expect("handler alive");
+    }
+
+    /// Answers the next request, which must create an Event; its name and note.
+    async fn event_created(handle: &mut Handle, status: u16) -> (String, String) {
+        let (request, reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
+            .await
+            .expect("a request")
+            .expect("open");
+        assert_eq!(request.method(), Method::POST);
+        assert_eq!(request.uri().to_string(), EVENTS);
+        let bytes = request.into_body().collect_bytes().await.expect("body");
+        let body: Value = serde_json::from_slice(&bytes).expect("json");
+        assert_eq!(body["reason"], PREFLIGHT_FAILED);
+        assert_eq!(body["type"], "Warning");
+        assert_eq!(
+            body["regarding"],
+            json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "pi",
+                   "namespace": "team", "uid": "js-1"})
+        );
+        assert_eq!(body["reportingInstance"], "replica-a");
+        let reply_body = if status == 201 {
+            body.clone()
+        } else {
+            json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": status,
+                   "reason": if status == 409 { "AlreadyExists" } else { "InternalError" },
+                   "message": "scripted"})
+        };
+        let response = Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(&reply_body).expect("json")))
+            .expect("response");
+        reply.send_response(response);
+        let text = |key: &str| body[key].as_str().unwrap_or_default().to_string();
+        let name = body["metadata"]["name"].as_str().unwrap_or_default();
+        (name.to_string(), text("note"))
+    }
+
+    /// Ends the handler and returns its count; no request may be left.
+    async fn finish(events: Events, mut handle: Handle, task: tokio::task::JoinHandle<u64>) -> u64 {
+        drop(events);
+        let counted = tokio::time::timeout(TIMEOUT, task)
+            .await
+            .expect("the handler ends with its stream")
+            .expect("no panic");
+        let left = tokio::time::timeout(TIMEOUT, handle.next_request())
+            .await
+            .expect("the client is dropped");
+        assert!(
+            left.is_none(),
+            "an unexpected request: {:?}",
+            left.map(|r| r.0.uri().clone())
+        );
+        counted
+    }
+
+    #[tokio::test]
+    async fn one_event_per_failed_run_none_for_success_or_other_containers() {
+        let (events, mut handle, task, _leader) = launcher_pods(true);
+        send(
+            &events,
+            watcher::Event::Apply(pod("pi", "u-1", preflight("mpi-preflight", 0, 0, None))),
+        );
+        send(
+            &events,
+            watcher::Event::Apply(pod("pi", "u-1", preflight("mpi-ssh-setup", 0, 1, None))),
+        );
+        send(&events, watcher::Event::Apply(failed(0)));
+        assert_eq!(
+            event_created(&mut handle, 201).await,
+            ("u-1.preflight-0".to_string(), LINE.to_string())
+        );
+        // The same status again, then a relist that lists it again: nothing more.
+        send(&events, watcher::Event::Apply(failed(0)));
+        send(&events, watcher::Event::Init);
+        send(&events, watcher::Event::InitApply(failed(0)));
+        send(&events, watcher::Event::InitDone);
+        // A failed pre-flight in a JobSet that is not a JobSet-mode one of the cache: nothing.
+        send(
+            &events,
+            watcher::Event::Apply(pod("other", "u-2", preflight("mpi-preflight", 0, 1, None))),
+        );
+        // The container restarted and failed again: one more, for run 1 only.
+        send(&events, watcher::Event::Apply(failed(1)));
+        assert_eq!(
+            event_created(&mut handle, 201).await,
+            ("u-1.preflight-1".to_string(), LINE.to_string())
+        );
+        assert_eq!(finish(events, handle, task).await, 2);
+    }
+
+    /// A restarted reconciler finds the Event its predecessor made (409): it counts nothing and
+    /// does not ask again.
+    #[tokio::test]
+    async fn an_event_recorded_before_is_not_recorded_or_counted_again() {
+        let (events, mut handle, task, _leader) = launcher_pods(true);
+        send(&events, watcher::Event::Init);
+        send(&events, watcher::Event::InitApply(failed(0)));
+        send(&events, watcher::Event::InitDone);
+        assert_eq!(event_created(&mut handle, 409).await.0, "u-1.preflight-0");
+        send(&events, watcher::Event::Apply(failed(0)));
+        assert_eq!(finish(events, handle, task).await, 0);
+    }
+
+    /// A create that failed is tried again on the Pod's next change; a deleted Pod is forgotten.
+    #[tokio::test]
+    async fn a_failed_create_is_tried_again_on_the_next_change() {
+        let (events, mut handle, task, _leader) = launcher_pods(true);
+        send(&events, watcher::Event::Apply(failed(0)));
+        assert_eq!(event_created(&mut handle, 500).await.0, "u-1.preflight-0");
+        send(&events, watcher::Event::Apply(failed(0)));
+        assert_eq!(event_created(&mut handle, 201).await.0, "u-1.preflight-0");
+        send(&events, watcher::Event::Delete(failed(0)));
+        assert_eq!(finish(events, handle, task).await, 1);
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_does_not_lead_records_nothing() {
+        let (events, handle, task, _leader) = launcher_pods(false);
+        send(&events, watcher::Event::Apply(failed(0)));
+        assert_eq!(finish(events, handle, task).await, 0);
+    }
+
+    /// The watch starts only once the JobSet cache is listed, and selects launcher Pods.
+    #[tokio::test]
+    async fn the_pod_watch_waits_for_the_jobset_cache_and_selects_launchers() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (listed_tx, listed) = watch::channel(false);
+        let pods = LauncherPods {
+            client: Client::new(service, "default"),
+            jobsets: synced_store((), vec![]),
+            jobsets_listed: listed,
+            leader: watch::channel(true).1,
+            reporter: Reporter::from("mpi-webhook"),
+            metrics: ReconcileMetrics::default(),
+            cache_metrics: CacheMetrics::default(),
+        };
+        let task = tokio::spawn(pods.run());
+        let early = tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await;
+        assert!(early.is_err(), "a request before the JobSets were listed");
+        listed_tx.send_replace(true);
+        let (request, _reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
+            .await
+            .expect("the Pod list")
+            .expect("open");
+        assert_eq!(request.uri().path(), "/api/v1/pods");
+        let query = request.uri().query().unwrap_or_default();
+        assert!(
+            query.contains("labelSelector=jobset.sigs.k8s.io%2Freplicatedjob-name%3Dlauncher"),
+            "{query}"
+        );
+        task.abort();
+    }
+}
