@@ -20,6 +20,8 @@ const RUNTIME: &str = "envtest-mpi";
 /// Our hostfile for [`train_job`] on [`runtime`] (73 bytes).
 const HOSTFILE: &str =
     "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\npi-launcher-0-0.pi slots=1\n";
+/// The reconciler's count of PreflightFailed Events it recorded.
+const PREFLIGHT_FAILURES: &str = "mpi_webhook_preflight_failures_total";
 /// A hostfile Trainer might word differently (23 bytes).
 const TRAINERS_OTHER_HOSTFILE: &str = "pi-node-0-0.pi slots=1\n";
 
@@ -605,4 +607,167 @@ async fn a_leader_that_gets_sigterm_releases_the_lease_and_the_standby_takes_ove
         )
         .await;
     forget(&admin, &job).await;
+}
+
+/// The termination message `mpi-webhook preflight` leaves when a worker never resolves.
+const PREFLIGHT_LINE: &str =
+    "pi-jobset-openmpi-node-0-1.pi-jobset-openmpi: no DNS answer after 300 s";
+
+/// The JobSet's launcher Pod as JobSet's controller would make it (labels included); nothing
+/// runs it here, so its status is written as kubelet would, through the status subresource.
+fn launcher_pod(ns: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "pi-jobset-openmpi-launcher-0-0-abcde", "namespace": ns,
+            "labels": {"jobset.sigs.k8s.io/jobset-name": "pi-jobset-openmpi",
+                       "jobset.sigs.k8s.io/replicatedjob-name": "launcher"}},
+        "spec": {"restartPolicy": "OnFailure",
+                 "initContainers": [{"name": "mpi-preflight", "image": "mpi-webhook"}],
+                 "containers": [{"name": "launcher", "image": "mpi"}]}})
+}
+
+/// Writes the `mpi-preflight` status of `pod`: `restarts`, and exit `code` now (after a failed
+/// run before when `restarts > 0`).
+async fn preflight_status(admin: &Client, ns: &str, restarts: i32, code: i32) {
+    let terminated = |code: i32, message: &str| {
+        json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+            "message": message, "startedAt": "2026-12-06T10:00:00Z",
+            "finishedAt": "2026-12-06T10:05:00Z"}})
+    };
+    let message = if code == 0 { "" } else { PREFLIGHT_LINE };
+    let last = if restarts > 0 {
+        terminated(1, PREFLIGHT_LINE)
+    } else {
+        json!({})
+    };
+    let status = json!({"status": {"phase": "Pending", "initContainerStatuses": [{
+        "name": "mpi-preflight", "image": "mpi-webhook", "imageID": "", "ready": false,
+        "restartCount": restarts, "state": terminated(code, message), "lastState": last}]}});
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), ns);
+    pods.patch_status(
+        "pi-jobset-openmpi-launcher-0-0-abcde",
+        &PatchParams::default(),
+        &Patch::Merge(status),
+    )
+    .await
+    .expect("Pod status");
+}
+
+/// `kubectl describe OBJECT` lists a `PreflightFailed` Warning Event saying `note`, as a user
+/// sees it. Skipped, with a line on stderr, where kubectl is not installed.
+fn describe_shows(plane: &ControlPlane, ns: &str, object: &str, note: &str) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kubeconfig = plane
+        .write_kubeconfig(&dir.path().join("kubeconfig"), control_plane::ADMIN)
+        .expect("kubeconfig");
+    let output = match std::process::Command::new("kubectl")
+        .arg(format!("--kubeconfig={}", kubeconfig.display()))
+        .args(["describe", "-n", ns, object])
+        .output()
+    {
+        Ok(output) => output,
+        Err(e) => {
+            eprintln!("kubectl describe skipped: kubectl not runnable ({e})");
+            return;
+        }
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "kubectl describe: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line = text
+        .lines()
+        .find(|l| l.contains("PreflightFailed"))
+        .unwrap_or_else(|| panic!("no PreflightFailed in kubectl describe {object}:\n{text}"));
+    assert!(line.trim_start().starts_with("Warning"), "{line}");
+    assert!(line.contains(note), "{line}");
+}
+
+/// Waits until `reconciler` has counted `count` PreflightFailed Events of its own.
+async fn recorded_by(reconciler: &mut Reconciler, count: u64) {
+    let metrics = reconciler.metrics;
+    reconciler
+        .wait_for(&format!("{PREFLIGHT_FAILURES} {count}"), || async move {
+            let text = crate::support::get_plain(metrics, "/metrics").await?;
+            (crate::prometheus::sum(&text, PREFLIGHT_FAILURES) == count).then_some(())
+        })
+        .await;
+}
+
+/// A failed `mpi-preflight` in a JobSet-mode JobSet's launcher Pod becomes one Warning Event
+/// `PreflightFailed` on the JobSet, whose note is the termination message; a restarted
+/// reconciler records nothing twice, and each failed restart of the container adds one.
+#[tokio::test]
+async fn a_failed_preflight_is_one_warning_event_on_the_jobset_per_failed_run() {
+    let Some(plane) = control_plane::shared().await else {
+        return;
+    };
+    let _turn = RECONCILER_TURN.lock().await;
+    install(plane).await;
+    let ns = plane.namespace("preflight").await;
+    let admin = plane.admin();
+    let mut jobset = documents("manifests/samples/jobset-pi-openmpi.yaml").remove(0);
+    jobset["metadata"]["namespace"] = json!(ns);
+    let created = create(&admin, &jobset).await.expect("JobSet");
+    create(&admin, &launcher_pod(&ns)).await.expect("Pod");
+    let preflight_events = || events(&admin, &ns, "PreflightFailed");
+
+    let mut reconciler = Reconciler::start(plane, &[]);
+    preflight_status(&admin, &ns, 0, 1).await;
+    let recorded = reconciler
+        .wait_for("a PreflightFailed Event", || async {
+            preflight_events().await.into_iter().next()
+        })
+        .await;
+    assert_eq!(recorded["type"], "Warning");
+    assert_eq!(recorded["note"], PREFLIGHT_LINE);
+    assert_eq!(
+        recorded["regarding"],
+        json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+               "name": "pi-jobset-openmpi", "namespace": ns,
+               "uid": created["metadata"]["uid"]})
+    );
+    assert_eq!(
+        recorded["related"]["name"],
+        "pi-jobset-openmpi-launcher-0-0-abcde"
+    );
+    recorded_by(&mut reconciler, 1).await;
+    describe_shows(plane, &ns, "jobset/pi-jobset-openmpi", PREFLIGHT_LINE);
+    drop(reconciler);
+
+    // A new reconciler lists the same failure: it is recorded already. The container's restart,
+    // failed again, is one more.
+    let mut reconciler = Reconciler::start(plane, &[]);
+    preflight_status(&admin, &ns, 1, 1).await;
+    let all = reconciler
+        .wait_for("a second PreflightFailed Event", || async {
+            let all = preflight_events().await;
+            (all.len() >= 2).then_some(all)
+        })
+        .await;
+    let mut names: Vec<&str> = all
+        .iter()
+        .filter_map(|e| e["metadata"]["name"].as_str())
+        .collect();
+    names.sort_unstable();
+    let uid = get(
+        &admin,
+        "v1",
+        "Pod",
+        &ns,
+        "pi-jobset-openmpi-launcher-0-0-abcde",
+    )
+    .await
+    .expect("the Pod")["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string();
+    assert_eq!(
+        names,
+        [format!("{uid}.preflight-0"), format!("{uid}.preflight-1")]
+    );
+    // Only the restart's is this reconciler's: the first one it found recorded.
+    recorded_by(&mut reconciler, 1).await;
+    forget(&admin, &created).await;
 }
