@@ -91,8 +91,25 @@ where
         .default_backoff()
 }
 
-/// Feeds a watcher stream into `writer`'s store, [`retried`]. The stream must be polled for the
-/// store to fill.
+/// The annotation `kubectl apply` keeps a whole copy of the object in.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// What no cache reads, dropped before an object is stored: `managedFields` (often bigger than
+/// the rest of the metadata) and kubectl's last-applied copy of the object. Conflicts with other
+/// field managers are read from the API server's answers, never from a cached object.
+pub fn trimmed<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        annotations.remove(LAST_APPLIED);
+        if annotations.is_empty() {
+            meta.annotations = None;
+        }
+    }
+}
+
+/// Feeds a watcher stream into `writer`'s store, [`retried`] and [`trimmed`]. The stream must be
+/// polled for the store to fill.
 pub fn reflect<K, S>(
     stream: S,
     writer: Writer<K>,
@@ -104,7 +121,9 @@ where
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
     S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
 {
-    retried(stream, resource, metrics).reflect(writer)
+    retried(stream, resource, metrics)
+        .modify(trimmed)
+        .reflect(writer)
 }
 
 /// Drives one cluster-wide watch into `writer` until the process ends.
