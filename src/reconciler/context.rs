@@ -238,7 +238,7 @@ impl Retries {
 /// anything about them.
 ///
 /// Without it, a reconcile that runs after an apply but before the watch event of that apply
-/// reaches the cache applies the same ConfigMap again and publishes a second `Created` Event.
+/// reaches the cache applies the same ConfigMap again (a write for nothing).
 /// That is the common case right after a create: the Secret's own watch event triggers the
 /// next reconcile, often before the ConfigMap's event is in (1 to 3% of TrainJobs in the
 /// reconciler bench). While an entry is here, the API server holds what we applied (in the
