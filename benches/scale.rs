@@ -27,10 +27,11 @@
 //!
 //! Knobs (environment): `SCALE_JOBS` (default `1000,10000`), `SCALE_KINDS` (default
 //! `trainjobs,jobsets`), `SCALE_LOG_DIR` (keeps the processes' logs there), `RUST_LOG` (reaches
-//! both processes).
+//! both processes), `SCALE_RECONCILE_WRAPPER` (a command `reconcile` runs under, e.g.
+//! `heaptrack -o /tmp/reconcile` for a heap profile; the RSS column is then the wrapper's).
 
 use std::collections::HashSet;
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -92,6 +93,9 @@ struct Settings {
     cases: Vec<(Kind, usize)>,
     timeout: Duration,
     logs: Option<PathBuf>,
+    /// `SCALE_RECONCILE_WRAPPER`: a command `reconcile` runs under (a profiler); its peak RSS is
+    /// then the wrapper's.
+    reconcile_wrapper: Vec<String>,
 }
 
 fn main() -> Result<(), AnyError> {
@@ -127,6 +131,10 @@ fn main() -> Result<(), AnyError> {
         cases,
         timeout: Duration::from_secs(env("SCALE_TIMEOUT_S", "300").parse()?),
         logs: std::env::var_os("SCALE_LOG_DIR").map(PathBuf::from),
+        reconcile_wrapper: env("SCALE_RECONCILE_WRAPPER", "")
+            .split_whitespace()
+            .map(String::from)
+            .collect(),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -146,7 +154,7 @@ fn main() -> Result<(), AnyError> {
 // Processes
 
 fn free_port() -> Result<u16, AnyError> {
-    Ok(StdListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    Ok(control_plane::free_port()?)
 }
 
 /// A child process that is killed when dropped (a failed or finished case leaves none behind).
@@ -187,9 +195,7 @@ impl Process {
 
     /// An error naming `what`, with the end of the process's log.
     fn failure(&self, what: &str) -> AnyError {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
+        let tail = control_plane::log_tail(&self.log, 20);
         format!("{what}\n--- end of {}'s log ---\n{tail}", self.name).into()
     }
 }
@@ -646,9 +652,17 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
     let apiserver_cpu_before = procfs::cpu_time(plane.apiserver_pid)?;
     let reconcile_metrics = free_port()?;
     let started = Instant::now();
+    let mut command = match settings.reconcile_wrapper.split_first() {
+        Some((wrapper, args)) => {
+            let mut command = Command::new(wrapper);
+            command.args(args).arg(BIN);
+            command
+        }
+        None => Command::new(BIN),
+    };
     let mut reconcile = Process::spawn(
         "reconcile",
-        Command::new(BIN)
+        command
             .args(["reconcile", "--leader-elect"])
             .arg(format!("--metrics-listen=127.0.0.1:{reconcile_metrics}"))
             .env("KUBECONFIG", &plane.kubeconfig)

@@ -244,7 +244,7 @@ impl ApiServer {
     }
 
     async fn secret_get(&mut self, status: u16) {
-        let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth");
+        let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth?&resourceVersion=0");
         let (_, reply) = self.expect(Method::GET, &uri).await;
         match status {
             200 => respond(
@@ -964,7 +964,7 @@ async fn controller_runs_only_while_leading() {
 async fn unlabelled_secret_made_by_trainer_is_used_as_is() {
     let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
-        let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth");
+        let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth?&resourceVersion=0");
         let (_, reply) = api.expect(Method::GET, &uri).await;
         respond(
             reply,
