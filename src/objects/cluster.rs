@@ -11,6 +11,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
@@ -108,6 +109,23 @@ pub fn trimmed<K: Resource>(object: &mut K) {
     }
 }
 
+/// Trims a cached object to its identity: name, namespace, UID, owner references and deletion
+/// timestamp, and whatever is not metadata (a TrainJob's spec, a ConfigMap's data). For the
+/// objects whose labels and annotations no cache reads: TrainJobs, and the reconciler's own
+/// objects (its watches select them by their one label, so every one of them carries it). Each
+/// label or annotation map costs a B-tree node of about 540 bytes, however few its entries.
+pub fn identity<K: Resource>(object: &mut K) {
+    let meta = object.meta_mut();
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        uid: meta.uid.take(),
+        owner_references: meta.owner_references.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
+        ..ObjectMeta::default()
+    };
+}
+
 /// Feeds a watcher stream into `writer`'s store, [`retried`] and [`trimmed`]. The stream must be
 /// polled for the store to fill.
 pub fn reflect<K, S>(
@@ -137,8 +155,23 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
 {
+    watch_trimmed(api, writer, resource, metrics, trimmed)
+}
+
+/// [`watch_all`], with each object cut by `trim` (besides [`trimmed`]) before it is stored.
+fn watch_trimmed<K>(
+    api: Api<K>,
+    writer: Writer<K>,
+    resource: &'static str,
+    metrics: &CacheMetrics,
+    trim: fn(&mut K),
+) -> impl Future<Output = ()> + Send + 'static + use<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
     reflect(
-        watcher(api, watcher::Config::default()),
+        watcher(api, watcher::Config::default()).modify(trim),
         writer,
         resource,
         metrics,
@@ -166,7 +199,14 @@ impl ClusterObjects {
     ) -> (Self, impl Future<Output = ()> + Send + 'static + use<>) {
         let jobs = Writer::<TrainJob>::new(());
         let jobs_store = jobs.as_reader();
-        let jobs = watch_all(Api::all(client.clone()), jobs, "trainjobs", &metrics);
+        // Admission reads a TrainJob's spec, name, namespace and UID only.
+        let jobs = watch_trimmed(
+            Api::all(client.clone()),
+            jobs,
+            "trainjobs",
+            &metrics,
+            identity,
+        );
         let (local_store, local) = runtime_watch(&client, RuntimeKind::TrainingRuntime, &metrics);
         let (cluster_store, cluster) =
             runtime_watch(&client, RuntimeKind::ClusterTrainingRuntime, &metrics);
@@ -300,6 +340,34 @@ pub(crate) mod tests {
 
     const TIMEOUT: Duration = Duration::from_secs(5);
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
+
+    #[test]
+    fn caches_keep_no_managed_fields_nor_kubectls_copy_and_identity_keeps_who_and_whose() {
+        let mut job: TrainJob = serde_json::from_value(json!({
+            "metadata": {"name": "pi", "namespace": "team", "uid": "u", "resourceVersion": "7",
+                "labels": {"a": "b"},
+                "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}",
+                                "keep": "me"},
+                "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "o1"}],
+                "deletionTimestamp": "2026-12-06T10:00:00Z",
+                "managedFields": [{"manager": "kubectl", "operation": "Apply"}]},
+            "spec": {"runtimeRef": {"name": "deepspeed"}}
+        }))
+        .expect("TrainJob");
+        trimmed(&mut job);
+        let meta = serde_json::to_value(&job.metadata).expect("json");
+        assert_eq!(meta["managedFields"], Value::Null);
+        assert_eq!(meta["annotations"], json!({"keep": "me"}));
+        assert_eq!(meta["labels"], json!({"a": "b"}));
+        identity(&mut job);
+        assert_eq!(
+            serde_json::to_value(&job.metadata).expect("json"),
+            json!({"name": "pi", "namespace": "team", "uid": "u",
+                   "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "o1"}],
+                   "deletionTimestamp": "2026-12-06T10:00:00Z"})
+        );
+        assert_eq!(job.spec.runtime_ref.name, "deepspeed");
+    }
 
     /// A store that has seen its initial list holding `objects`.
     pub(crate) fn synced_store<K>(dyntype: K::DynamicType, objects: Vec<K>) -> Store<K>

@@ -23,7 +23,7 @@ use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
 use crate::mpi::objects_for::runtime_ref;
 use crate::mpi::ssh_secret::generate_key_pair;
 use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
-use crate::objects::cluster::{CacheMetrics, ClusterObjects, reflect, retried};
+use crate::objects::cluster::{CacheMetrics, ClusterObjects, identity, reflect, retried};
 
 use super::context::{Context, ContextParts};
 use super::error::Error;
@@ -296,17 +296,18 @@ fn jobset_controller(
         watcher(
             Api::<PartialObjectMeta<Secret>>::all(client.clone()),
             owned.clone(),
-        ),
+        )
+        .modify(identity),
         "secrets",
         metrics,
     );
     let configmaps = retried(
-        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()),
+        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()).modify(identity),
         "configmaps",
         metrics,
     );
     let policies = retried(
-        watcher(Api::<NetworkPolicy>::all(client.clone()), owned),
+        watcher(Api::<NetworkPolicy>::all(client.clone()), owned).modify(identity),
         "networkpolicies",
         metrics,
     );
@@ -381,7 +382,7 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
         network_policy_default: shared.network_policy_default,
     });
     let jobs_stream = reflect(
-        watcher(Api::all(client.clone()), watcher::Config::default()),
+        watcher(Api::all(client.clone()), watcher::Config::default()).modify(identity),
         jobs,
         "trainjobs",
         metrics,
@@ -391,7 +392,8 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
         watcher(
             Api::<PartialObjectMeta<Secret>>::all(client.clone()),
             owned.clone(),
-        ),
+        )
+        .modify(identity),
         secrets,
         "secrets",
         metrics,
@@ -399,7 +401,7 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
     .touched_objects();
     let applied = ctx.applied_configmaps();
     let configmaps_stream = reflect(
-        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()),
+        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()).modify(identity),
         configmaps,
         "configmaps",
         metrics,
@@ -408,7 +410,7 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
     .touched_objects();
     let applied_policies = ctx.applied_network_policies();
     let policies_stream = reflect(
-        watcher(Api::<NetworkPolicy>::all(client.clone()), owned),
+        watcher(Api::<NetworkPolicy>::all(client.clone()), owned).modify(identity),
         policies,
         "networkpolicies",
         metrics,

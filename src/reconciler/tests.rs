@@ -407,6 +407,23 @@ where
     .await
 }
 
+/// The cache keeps no labels (their watch selects ours by the managed-by label): a cached
+/// ConfigMap without it is in place; one missing a label we set besides it is not.
+#[test]
+fn the_selector_label_is_taken_as_present_in_the_cache() {
+    let desired: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
+    let mut cached = desired.clone();
+    crate::objects::cluster::identity(&mut cached);
+    assert_eq!(cached.metadata.labels, None);
+    assert!(applied(&cached, &desired));
+    let mut more = desired.clone();
+    more.metadata
+        .labels
+        .get_or_insert_default()
+        .insert("team".into(), "a".into());
+    assert!(!applied(&cached, &more));
+}
+
 #[tokio::test]
 async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
     let f = mpi_fixture();

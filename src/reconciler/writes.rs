@@ -11,7 +11,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 
 use crate::mpi::ssh_secret::ssh_secret;
-use crate::mpi::{HOSTFILE_NAME, MANAGER, Owner, ssh_secret_name};
+use crate::mpi::{HOSTFILE_NAME, MANAGED_BY_LABEL, MANAGER, Owner, ssh_secret_name};
 
 use super::conflict;
 use super::context::{Applied, Context};
@@ -259,10 +259,18 @@ fn contains<K: Ord, V: PartialEq>(
 }
 
 /// Every label and owner reference we set is present with our value (others' additions are
-/// not ours to remove, so they are not drift).
+/// not ours to remove, so they are not drift). The cache keeps no labels (`identity`): its
+/// watch selects our objects by the managed-by label, so that one is present on every cached
+/// object, and any other we set must be there.
 fn metadata_in_place(cached: &ObjectMeta, desired: &ObjectMeta) -> bool {
     let owners = cached.owner_references.as_deref().unwrap_or_default();
-    contains(cached.labels.as_ref(), desired.labels.as_ref())
+    let labels_in_place = desired
+        .labels
+        .iter()
+        .flatten()
+        .filter(|(key, _)| key.as_str() != MANAGED_BY_LABEL)
+        .all(|(key, value)| cached.labels.as_ref().and_then(|l| l.get(key)) == Some(value));
+    labels_in_place
         && desired
             .owner_references
             .iter()
