@@ -144,22 +144,9 @@ where
         .reflect(writer)
 }
 
-/// Drives one cluster-wide watch into `writer` until the process ends.
+/// Drives one cluster-wide watch into `writer` until the process ends, each object cut by
+/// `trim` (besides [`trimmed`]) before it is stored.
 fn watch_all<K>(
-    api: Api<K>,
-    writer: Writer<K>,
-    resource: &'static str,
-    metrics: &CacheMetrics,
-) -> impl Future<Output = ()> + Send + 'static + use<K>
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
-{
-    watch_trimmed(api, writer, resource, metrics, trimmed)
-}
-
-/// [`watch_all`], with each object cut by `trim` (besides [`trimmed`]) before it is stored.
-fn watch_trimmed<K>(
     api: Api<K>,
     writer: Writer<K>,
     resource: &'static str,
@@ -200,7 +187,7 @@ impl ClusterObjects {
         let jobs = Writer::<TrainJob>::new(());
         let jobs_store = jobs.as_reader();
         // Admission reads a TrainJob's spec, name, namespace and UID only.
-        let jobs = watch_trimmed(
+        let jobs = watch_all(
             Api::all(client.clone()),
             jobs,
             "trainjobs",
@@ -288,7 +275,12 @@ fn runtime_watch(
     let writer = Writer::<TrainingRuntime>::new(kind);
     let store = writer.as_reader();
     let api = Api::<TrainingRuntime>::all_with(client.clone(), &kind);
-    (store, watch_all(api, writer, kind.resource(), metrics))
+    // A runtime is read whole (its labels and annotations included).
+    let keep = |_: &mut TrainingRuntime| {};
+    (
+        store,
+        watch_all(api, writer, kind.resource(), metrics, keep),
+    )
 }
 
 impl ObjectSource for ClusterObjects {

@@ -130,7 +130,7 @@ impl LauncherPods {
                     "recorded a failed pre-flight");
                 true
             }
-            Err(kube::Error::Api(status)) if status.code == 409 => true,
+            Err(kube::Error::Api(status)) if status.is_already_exists() => true,
             Err(error) => {
                 tracing::warn!(%error, namespace = %failure.namespace, jobset = %failure.jobset,
                     pod = %failure.pod, "recording a failed pre-flight failed");
@@ -242,6 +242,28 @@ mod tests {
         pod("pi", "u-1", preflight("mpi-preflight", restarts, 1, last))
     }
 
+    /// The launcher-Pod watch as replica `replica-a`, over a mock API server, with [`jobset`]
+    /// in its JobSet cache.
+    fn over_mock(
+        leader: watch::Receiver<bool>,
+        jobsets_listed: watch::Receiver<bool>,
+    ) -> (LauncherPods, Handle) {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let pods = LauncherPods {
+            client: Client::new(service, "default"),
+            jobsets: synced_store((), vec![jobset()]),
+            jobsets_listed,
+            leader,
+            reporter: Reporter {
+                controller: "mpi-webhook".into(),
+                instance: Some("replica-a".into()),
+            },
+            metrics: ReconcileMetrics::default(),
+            cache_metrics: CacheMetrics::default(),
+        };
+        (pods, handle)
+    }
+
     /// The watch handler over a mock API server, fed by the returned sender; the task returns the
     /// failures it counted once the sender is dropped.
     fn launcher_pods(
@@ -252,20 +274,8 @@ mod tests {
         tokio::task::JoinHandle<u64>,
         watch::Sender<bool>,
     ) {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let (leader_tx, leader_rx) = watch::channel(leader);
-        let pods = LauncherPods {
-            client: Client::new(service, "default"),
-            jobsets: synced_store((), vec![jobset()]),
-            jobsets_listed: watch::channel(true).1,
-            leader: leader_rx,
-            reporter: Reporter {
-                controller: "mpi-webhook".into(),
-                instance: Some("replica-a".into()),
-            },
-            metrics: ReconcileMetrics::default(),
-            cache_metrics: CacheMetrics::default(),
-        };
+        let (pods, handle) = over_mock(leader_rx, watch::channel(true).1);
         let (tx, rx) = mpsc::unbounded();
         let task = tokio::spawn(async move {
             pods.handle_all(rx).await;
@@ -401,17 +411,8 @@ mod tests {
     /// The watch starts only once the JobSet cache is listed, and selects launcher Pods.
     #[tokio::test]
     async fn the_pod_watch_waits_for_the_jobset_cache_and_selects_launchers() {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let (listed_tx, listed) = watch::channel(false);
-        let pods = LauncherPods {
-            client: Client::new(service, "default"),
-            jobsets: synced_store((), vec![]),
-            jobsets_listed: listed,
-            leader: watch::channel(true).1,
-            reporter: Reporter::from("mpi-webhook"),
-            metrics: ReconcileMetrics::default(),
-            cache_metrics: CacheMetrics::default(),
-        };
+        let (pods, mut handle) = over_mock(watch::channel(true).1, listed);
         let task = tokio::spawn(pods.run());
         let early = tokio::time::timeout(Duration::from_millis(100), handle.next_request()).await;
         assert!(early.is_err(), "a request before the JobSets were listed");

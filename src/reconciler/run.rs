@@ -99,9 +99,10 @@ pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
     let client = Client::try_from(config.clone()).map_err(ReconcileError::Client)?;
     let settings = lease_settings(&args, &client);
     let mut registry = Registry::with_prefix("mpi_webhook");
+    let reporter = reporter(&settings.holder);
     let shared = Shared {
-        recorder: Recorder::new(client.clone(), reporter(&settings.holder)),
-        reporter: reporter(&settings.holder),
+        recorder: Recorder::new(client.clone(), reporter.clone()),
+        reporter,
         metrics: ReconcileMetrics::register(&mut registry),
         cache_metrics: CacheMetrics::register(&mut registry),
         network_policy_default: args.network_policy_default,
@@ -296,18 +297,17 @@ fn jobset_controller(
         watcher(
             Api::<PartialObjectMeta<Secret>>::all(client.clone()),
             owned.clone(),
-        )
-        .modify(identity),
+        ),
         "secrets",
         metrics,
     );
     let configmaps = retried(
-        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()).modify(identity),
+        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()),
         "configmaps",
         metrics,
     );
     let policies = retried(
-        watcher(Api::<NetworkPolicy>::all(client.clone()), owned).modify(identity),
+        watcher(Api::<NetworkPolicy>::all(client.clone()), owned),
         "networkpolicies",
         metrics,
     );

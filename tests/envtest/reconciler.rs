@@ -63,6 +63,24 @@ async fn with_train_job(plane: &ControlPlane, prefix: &str) -> (String, Value) {
     (ns, job)
 }
 
+/// A namespace with the shipped RBAC and the shipped OpenMPI JobSet-mode sample, with
+/// `annotations` added; the stored JobSet.
+async fn with_jobset(
+    plane: &ControlPlane,
+    prefix: &str,
+    annotations: &[(&str, &str)],
+) -> (String, Value) {
+    install(plane).await;
+    let ns = plane.namespace(prefix).await;
+    let mut jobset = documents("manifests/samples/jobset-pi-openmpi.yaml").remove(0);
+    jobset["metadata"]["namespace"] = json!(ns);
+    for (key, value) in annotations {
+        jobset["metadata"]["annotations"][*key] = json!(value);
+    }
+    let created = create(&plane.admin(), &jobset).await.expect("JobSet");
+    (ns, created)
+}
+
 /// The hostfile ConfigMap as Trainer's controller applies it (no labels), with force as it does.
 async fn trainer_applies_hostfile(admin: &Client, job: &Value, hostfile: &str) -> Value {
     let configmap = json!({"apiVersion": "v1", "kind": "ConfigMap",
@@ -379,13 +397,13 @@ async fn a_jobset_mode_jobset_gets_its_objects_owned_by_the_jobset() {
         return;
     };
     let _turn = RECONCILER_TURN.lock().await;
-    install(plane).await;
-    let ns = plane.namespace("jobset-owned").await;
+    let (ns, created) = with_jobset(
+        plane,
+        "jobset-owned",
+        &[("mpi-webhook.io/network-policy", "true")],
+    )
+    .await;
     let admin = plane.admin();
-    let mut jobset = documents("manifests/samples/jobset-pi-openmpi.yaml").remove(0);
-    jobset["metadata"]["namespace"] = json!(ns);
-    jobset["metadata"]["annotations"]["mpi-webhook.io/network-policy"] = json!("true");
-    let created = create(&admin, &jobset).await.expect("JobSet");
     let mut reconciler = Reconciler::start(plane, &[]);
     let (secret, hostfile, policy) = reconciler
         .wait_for(
@@ -704,12 +722,8 @@ async fn a_failed_preflight_is_one_warning_event_on_the_jobset_per_failed_run() 
         return;
     };
     let _turn = RECONCILER_TURN.lock().await;
-    install(plane).await;
-    let ns = plane.namespace("preflight").await;
+    let (ns, created) = with_jobset(plane, "preflight", &[]).await;
     let admin = plane.admin();
-    let mut jobset = documents("manifests/samples/jobset-pi-openmpi.yaml").remove(0);
-    jobset["metadata"]["namespace"] = json!(ns);
-    let created = create(&admin, &jobset).await.expect("JobSet");
     create(&admin, &launcher_pod(&ns)).await.expect("Pod");
     let preflight_events = || events(&admin, &ns, "PreflightFailed");
 
