@@ -126,6 +126,14 @@ pub fn identity<K: Resource>(object: &mut K) {
     };
 }
 
+/// What every watch of ours starts with: its lists are answered from the API server's watch
+/// cache (`resourceVersion=0`, as client-go's informers list), not by a quorum read that
+/// decodes every object from etcd again (7% of the API server's CPU in a profile of the
+/// reconciler's start at 10,000 TrainJobs). The watch that follows is the same.
+pub fn watch_config() -> watcher::Config {
+    watcher::Config::default().any_semantic()
+}
+
 /// Feeds a watcher stream into `writer`'s store, [`retried`] and [`trimmed`]. The stream must be
 /// polled for the store to fill.
 pub fn reflect<K, S>(
@@ -158,7 +166,7 @@ where
     K::DynamicType: Eq + Hash + Clone + Send + Sync,
 {
     reflect(
-        watcher(api, watcher::Config::default()).modify(trim),
+        watcher(api, watch_config()).modify(trim),
         writer,
         resource,
         metrics,

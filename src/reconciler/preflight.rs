@@ -26,7 +26,7 @@ use crate::api::JobSet;
 use crate::mpi::jobset_mode::preflight_failure::{
     PREFLIGHT_FAILED, PreflightFailure, launcher_pod_selector, preflight_failures,
 };
-use crate::objects::cluster::{CacheMetrics, retried};
+use crate::objects::cluster::{CacheMetrics, retried, watch_config};
 
 use super::metrics::ReconcileMetrics;
 
@@ -58,7 +58,7 @@ impl LauncherPods {
             return;
         }
         let pods = Api::<Pod>::all(self.client.clone());
-        let config = watcher::Config::default().labels(&launcher_pod_selector());
+        let config = watch_config().labels(&launcher_pod_selector());
         let events = retried(watcher(pods, config), "pods", &self.cache_metrics);
         self.handle_all(events).await;
     }

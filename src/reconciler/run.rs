@@ -23,7 +23,9 @@ use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
 use crate::mpi::objects_for::runtime_ref;
 use crate::mpi::ssh_secret::generate_key_pair;
 use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
-use crate::objects::cluster::{CacheMetrics, ClusterObjects, identity, reflect, retried};
+use crate::objects::cluster::{
+    CacheMetrics, ClusterObjects, identity, reflect, retried, watch_config,
+};
 
 use super::context::{Context, ContextParts};
 use super::error::Error;
@@ -274,14 +276,14 @@ fn jobset_controller(
     client: &Client,
     metrics: &CacheMetrics,
 ) -> (Controller<JobSet>, Store<JobSet>, watch::Receiver<bool>) {
-    let owned = watcher::Config::default().labels(&managed_selector());
+    let owned = watch_config().labels(&managed_selector());
     let jobsets = Writer::<JobSet>::new(());
     let store = jobsets.as_reader();
     let (listed_tx, listed) = watch::channel(false);
     let jobsets = reflect(
         watcher(
             Api::<JobSet>::all(client.clone()),
-            watcher::Config::default().labels(IMPLEMENTATION_LABEL),
+            watch_config().labels(IMPLEMENTATION_LABEL),
         ),
         jobsets,
         "jobsets",
@@ -350,7 +352,7 @@ pub fn managed_selector() -> String {
 /// only), ConfigMaps and NetworkPolicies trigger their owner; a changed runtime triggers the TrainJobs using it.
 fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<TrainJob>, Context) {
     let (client, metrics) = (&shared.client, &shared.cache_metrics);
-    let owned = watcher::Config::default().labels(&managed_selector());
+    let owned = watch_config().labels(&managed_selector());
     let jobs = Writer::<TrainJob>::new(());
     let jobs_store = jobs.as_reader();
     let secrets = Writer::<PartialObjectMeta<Secret>>::new(());
@@ -382,7 +384,7 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
         network_policy_default: shared.network_policy_default,
     });
     let jobs_stream = reflect(
-        watcher(Api::all(client.clone()), watcher::Config::default()).modify(identity),
+        watcher(Api::all(client.clone()), watch_config()).modify(identity),
         jobs,
         "trainjobs",
         metrics,
@@ -447,7 +449,7 @@ fn runtimes(
     let store = writer.as_reader();
     let api = Api::<TrainingRuntime>::all_with(client.clone(), &kind);
     let stream = reflect(
-        watcher(api, watcher::Config::default()),
+        watcher(api, watch_config()),
         writer,
         kind.resource(),
         metrics,
