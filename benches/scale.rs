@@ -10,11 +10,13 @@
 //!    its caches (its log says `object caches synced`);
 //! 3. measures the **floor**: N Secrets and N ConfigMaps of the same sizes created by the bench
 //!    itself, a Secret then a ConfigMap per job, 8 jobs at a time (the reconciler's concurrency),
-//!    in namespaces of their own;
+//!    in namespaces of their own; then the **apply floor**: the same, with each ConfigMap
+//!    server-side applied instead of created, as the contract makes the reconciler write it
+//!    (interface.md "Reconciler"), which costs the API server more than a create;
 //! 4. starts `mpi-webhook reconcile --leader-elect` (the shipped flags) and times, from its
 //!    spawn, until every owner's Secret and ConfigMap exist (a watch of the labelled objects in
 //!    the bench), then waits until it is quiet (no reconcile finished for 2 s);
-//! 5. prints the time beside the floor, the writes per job (the apiserver's own
+//! 5. prints the time beside both floors, the API server's CPU time in each, the writes per job (the apiserver's own
 //!    `apiserver_request_total` of POST, PUT, PATCH, APPLY (server-side apply) and DELETE on Secrets, ConfigMaps, Events and
 //!    NetworkPolicies during step 4; Lease renewals are left out), and the peak RSS (`VmHWM`) of
 //!    both processes.
@@ -45,7 +47,7 @@ use hyper::{Request, StatusCode};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::Client;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
 use mpi_webhook::objects::dir::parse_documents;
@@ -412,10 +414,29 @@ async fn seed(
     Ok(created)
 }
 
+/// How the floor writes each job's ConfigMap.
+#[derive(Clone, Copy)]
+enum FloorWrite {
+    /// A plain create: the API server's write throughput (issue 37's floor).
+    Create,
+    /// A server-side apply, as the reconciler must (interface.md "Reconciler"): what the
+    /// contract costs before the reconciler does anything of its own.
+    Apply,
+}
+
 /// The floor: per job, a Secret and then a ConfigMap of the reconciler's sizes (an SSH key
-/// pair, a hostfile), [`FLOOR_CONCURRENCY`] jobs at a time. Plain creates, no reads.
-async fn floor(client: &Client, jobs: usize) -> Result<Duration, AnyError> {
-    let namespaces = create_namespaces(client, "floor").await?;
+/// pair, a hostfile), [`FLOOR_CONCURRENCY`] jobs at a time, no reads; the ConfigMap written as
+/// `write` says, in namespaces of its own.
+async fn measure_floor(
+    client: &Client,
+    jobs: usize,
+    write: FloorWrite,
+) -> Result<Duration, AnyError> {
+    let prefix = match write {
+        FloorWrite::Create => "floor",
+        FloorWrite::Apply => "floor-apply",
+    };
+    let namespaces = create_namespaces(client, prefix).await?;
     let key = "k".repeat(1_100);
     let started = Instant::now();
     futures::stream::iter(0..jobs)
@@ -436,9 +457,17 @@ async fn floor(client: &Client, jobs: usize) -> Result<Duration, AnyError> {
                 secrets
                     .create(&params, &serde_json::from_value(secret)?)
                     .await?;
-                configmaps
-                    .create(&params, &serde_json::from_value(configmap)?)
-                    .await?;
+                let configmap: ConfigMap = serde_json::from_value(configmap)?;
+                match write {
+                    FloorWrite::Create => drop(configmaps.create(&params, &configmap).await?),
+                    FloorWrite::Apply => {
+                        let name = configmap.metadata.name.clone().unwrap_or_default();
+                        let apply = PatchParams::apply("mpi-webhook-bench");
+                        configmaps
+                            .patch(&name, &apply, &Patch::Apply(&configmap))
+                            .await?;
+                    }
+                }
                 Ok::<_, AnyError>(())
             }
         })
@@ -457,12 +486,18 @@ struct CaseResult {
     seed: Duration,
     all_objects: Duration,
     floor: Duration,
+    /// The floor with the ConfigMaps server-side applied ([`FloorWrite::Apply`]).
+    apply_floor: Duration,
     writes: [u64; 4],
     reconcile_mib: f64,
     /// The reconciler's CPU time (user and system) until it was quiet.
     reconcile_cpu: Duration,
     /// kube-apiserver's CPU time over the same span.
     apiserver_cpu: Duration,
+    /// kube-apiserver's CPU time during the floor.
+    floor_apiserver_cpu: Duration,
+    /// kube-apiserver's CPU time during the apply floor.
+    apply_floor_apiserver_cpu: Duration,
     serve_ready_mib: f64,
     serve_mib: f64,
     load: String,
@@ -481,13 +516,15 @@ impl CaseResult {
             .collect();
         println!(
             "  seeded in {:.1} s; all objects {:.1} s after reconcile started; floor {:.1} s \
-             ({:.2}x); writes per job {:.2} ({}); peak RSS reconcile {:.1} MiB, serve {:.1} MiB \
-             ({:.1} MiB when its caches were synced); CPU reconcile {:.1} s, kube-apiserver {:.1} s; \
-             load average after: {}",
+             ({:.2}x), applying the ConfigMaps {:.1} s ({:.2}x); writes per job {:.2} ({}); peak RSS reconcile {:.1} MiB, serve {:.1} MiB \
+             ({:.1} MiB when its caches were synced); CPU reconcile {:.1} s, kube-apiserver {:.1} s \
+             ({:.1} s in the floor, {:.1} s in the apply floor); load average after: {}",
             self.seed.as_secs_f64(),
             self.all_objects.as_secs_f64(),
             self.floor.as_secs_f64(),
             self.all_objects.as_secs_f64() / self.floor.as_secs_f64(),
+            self.apply_floor.as_secs_f64(),
+            self.all_objects.as_secs_f64() / self.apply_floor.as_secs_f64(),
             self.writes_per_job(),
             per_job.join(", "),
             self.reconcile_mib,
@@ -495,6 +532,8 @@ impl CaseResult {
             self.serve_ready_mib,
             self.reconcile_cpu.as_secs_f64(),
             self.apiserver_cpu.as_secs_f64(),
+            self.floor_apiserver_cpu.as_secs_f64(),
+            self.apply_floor_apiserver_cpu.as_secs_f64(),
             self.load,
         );
     }
@@ -502,17 +541,19 @@ impl CaseResult {
 
 fn table(results: &[CaseResult]) -> String {
     let mut out = String::from(
-        "| owners | all objects | floor | ratio | writes per job | reconcile peak RSS | serve peak RSS |\n\
-         |---|---:|---:|---:|---:|---:|---:|\n",
+        "| owners | all objects | floor | ratio | apply floor | ratio | writes per job | reconcile peak RSS | serve peak RSS |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in results {
         out.push_str(&format!(
-            "| {} {} | {:.1} s | {:.1} s | {:.2} | {:.2} | {:.1} MiB | {:.1} MiB |\n",
+            "| {} {} | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.2} | {:.2} | {:.1} MiB | {:.1} MiB |\n",
             r.jobs,
             r.kind.label(),
             r.all_objects.as_secs_f64(),
             r.floor.as_secs_f64(),
             r.all_objects.as_secs_f64() / r.floor.as_secs_f64(),
+            r.apply_floor.as_secs_f64(),
+            r.all_objects.as_secs_f64() / r.apply_floor.as_secs_f64(),
             r.writes_per_job(),
             r.reconcile_mib,
             r.serve_mib,
@@ -631,9 +672,22 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
     }
     let serve_ready_mib = serve.peak_mib()?;
 
-    let floor = tokio::time::timeout(settings.timeout, floor(&client, jobs))
-        .await
-        .map_err(|_| "the floor timed out")??;
+    let floor_cpu_before = procfs::cpu_time(plane.apiserver_pid)?;
+    let floor = tokio::time::timeout(
+        settings.timeout,
+        measure_floor(&client, jobs, FloorWrite::Create),
+    )
+    .await
+    .map_err(|_| "the floor timed out")??;
+    let floor_apiserver_cpu = procfs::cpu_time(plane.apiserver_pid)? - floor_cpu_before;
+    let apply_cpu_before = procfs::cpu_time(plane.apiserver_pid)?;
+    let apply_floor = tokio::time::timeout(
+        settings.timeout,
+        measure_floor(&client, jobs, FloorWrite::Apply),
+    )
+    .await
+    .map_err(|_| "the apply floor timed out")??;
+    let apply_floor_apiserver_cpu = procfs::cpu_time(plane.apiserver_pid)? - apply_cpu_before;
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     watch_owned(
@@ -711,10 +765,13 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         seed: seed_time,
         all_objects,
         floor,
+        apply_floor,
         writes,
         reconcile_mib: reconcile.peak_mib()?,
         reconcile_cpu,
         apiserver_cpu,
+        floor_apiserver_cpu,
+        apply_floor_apiserver_cpu,
         serve_ready_mib,
         serve_mib: serve.peak_mib()?,
         load: load_average(),
