@@ -424,19 +424,53 @@ enum FloorWrite {
     Apply,
 }
 
+impl FloorWrite {
+    /// Its name in namespaces and messages.
+    fn name(self) -> &'static str {
+        match self {
+            FloorWrite::Create => "floor",
+            FloorWrite::Apply => "floor-apply",
+        }
+    }
+}
+
+/// One floor's figures.
+#[derive(Clone, Copy)]
+struct Floor {
+    time: Duration,
+    /// kube-apiserver's CPU time meanwhile.
+    apiserver_cpu: Duration,
+}
+
+/// Runs [`write_floor`] within the step timeout and reads kube-apiserver's (`apiserver_pid`)
+/// CPU time around it.
+async fn measure_floor(
+    client: &Client,
+    apiserver_pid: u32,
+    jobs: usize,
+    write: FloorWrite,
+    settings: &Settings,
+) -> Result<Floor, AnyError> {
+    let cpu_before = procfs::cpu_time(apiserver_pid)?;
+    let time = tokio::time::timeout(settings.timeout, write_floor(client, jobs, write))
+        .await
+        .map_err(|_| format!("the {} timed out", write.name()))??;
+    let apiserver_cpu = procfs::cpu_time(apiserver_pid)? - cpu_before;
+    Ok(Floor {
+        time,
+        apiserver_cpu,
+    })
+}
+
 /// The floor: per job, a Secret and then a ConfigMap of the reconciler's sizes (an SSH key
 /// pair, a hostfile), [`FLOOR_CONCURRENCY`] jobs at a time, no reads; the ConfigMap written as
 /// `write` says, in namespaces of its own.
-async fn measure_floor(
+async fn write_floor(
     client: &Client,
     jobs: usize,
     write: FloorWrite,
 ) -> Result<Duration, AnyError> {
-    let prefix = match write {
-        FloorWrite::Create => "floor",
-        FloorWrite::Apply => "floor-apply",
-    };
-    let namespaces = create_namespaces(client, prefix).await?;
+    let namespaces = create_namespaces(client, write.name()).await?;
     let key = "k".repeat(1_100);
     let started = Instant::now();
     futures::stream::iter(0..jobs)
@@ -485,19 +519,15 @@ struct CaseResult {
     jobs: usize,
     seed: Duration,
     all_objects: Duration,
-    floor: Duration,
+    floor: Floor,
     /// The floor with the ConfigMaps server-side applied ([`FloorWrite::Apply`]).
-    apply_floor: Duration,
+    apply_floor: Floor,
     writes: [u64; 4],
     reconcile_mib: f64,
     /// The reconciler's CPU time (user and system) until it was quiet.
     reconcile_cpu: Duration,
     /// kube-apiserver's CPU time over the same span.
     apiserver_cpu: Duration,
-    /// kube-apiserver's CPU time during the floor.
-    floor_apiserver_cpu: Duration,
-    /// kube-apiserver's CPU time during the apply floor.
-    apply_floor_apiserver_cpu: Duration,
     serve_ready_mib: f64,
     serve_mib: f64,
     load: String,
@@ -521,10 +551,10 @@ impl CaseResult {
              ({:.1} s in the floor, {:.1} s in the apply floor); load average after: {}",
             self.seed.as_secs_f64(),
             self.all_objects.as_secs_f64(),
-            self.floor.as_secs_f64(),
-            self.all_objects.as_secs_f64() / self.floor.as_secs_f64(),
-            self.apply_floor.as_secs_f64(),
-            self.all_objects.as_secs_f64() / self.apply_floor.as_secs_f64(),
+            self.floor.time.as_secs_f64(),
+            self.all_objects.as_secs_f64() / self.floor.time.as_secs_f64(),
+            self.apply_floor.time.as_secs_f64(),
+            self.all_objects.as_secs_f64() / self.apply_floor.time.as_secs_f64(),
             self.writes_per_job(),
             per_job.join(", "),
             self.reconcile_mib,
@@ -532,8 +562,8 @@ impl CaseResult {
             self.serve_ready_mib,
             self.reconcile_cpu.as_secs_f64(),
             self.apiserver_cpu.as_secs_f64(),
-            self.floor_apiserver_cpu.as_secs_f64(),
-            self.apply_floor_apiserver_cpu.as_secs_f64(),
+            self.floor.apiserver_cpu.as_secs_f64(),
+            self.apply_floor.apiserver_cpu.as_secs_f64(),
             self.load,
         );
     }
@@ -550,10 +580,10 @@ fn table(results: &[CaseResult]) -> String {
             r.jobs,
             r.kind.label(),
             r.all_objects.as_secs_f64(),
-            r.floor.as_secs_f64(),
-            r.all_objects.as_secs_f64() / r.floor.as_secs_f64(),
-            r.apply_floor.as_secs_f64(),
-            r.all_objects.as_secs_f64() / r.apply_floor.as_secs_f64(),
+            r.floor.time.as_secs_f64(),
+            r.all_objects.as_secs_f64() / r.floor.time.as_secs_f64(),
+            r.apply_floor.time.as_secs_f64(),
+            r.all_objects.as_secs_f64() / r.apply_floor.time.as_secs_f64(),
             r.writes_per_job(),
             r.reconcile_mib,
             r.serve_mib,
@@ -672,22 +702,22 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
     }
     let serve_ready_mib = serve.peak_mib()?;
 
-    let floor_cpu_before = procfs::cpu_time(plane.apiserver_pid)?;
-    let floor = tokio::time::timeout(
-        settings.timeout,
-        measure_floor(&client, jobs, FloorWrite::Create),
+    let floor = measure_floor(
+        &client,
+        plane.apiserver_pid,
+        jobs,
+        FloorWrite::Create,
+        settings,
     )
-    .await
-    .map_err(|_| "the floor timed out")??;
-    let floor_apiserver_cpu = procfs::cpu_time(plane.apiserver_pid)? - floor_cpu_before;
-    let apply_cpu_before = procfs::cpu_time(plane.apiserver_pid)?;
-    let apply_floor = tokio::time::timeout(
-        settings.timeout,
-        measure_floor(&client, jobs, FloorWrite::Apply),
+    .await?;
+    let apply_floor = measure_floor(
+        &client,
+        plane.apiserver_pid,
+        jobs,
+        FloorWrite::Apply,
+        settings,
     )
-    .await
-    .map_err(|_| "the apply floor timed out")??;
-    let apply_floor_apiserver_cpu = procfs::cpu_time(plane.apiserver_pid)? - apply_cpu_before;
+    .await?;
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     watch_owned(
@@ -770,8 +800,6 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         reconcile_mib: reconcile.peak_mib()?,
         reconcile_cpu,
         apiserver_cpu,
-        floor_apiserver_cpu,
-        apply_floor_apiserver_cpu,
         serve_ready_mib,
         serve_mib: serve.peak_mib()?,
         load: load_average(),
