@@ -21,6 +21,17 @@ use super::support::{hostfile_volume, mutate, open_mpi_env};
 
 const LABEL: &str = "mpi-webhook.io/implementation";
 
+/// A launcher's `env` in JobSet mode: `env` (the implementation's), then the NVIDIA runtime's
+/// GPU env vars, empty (a launcher that is not a node sees no GPU).
+fn hiding_gpus(env: Value) -> Value {
+    let mut env = env;
+    if let Value::Array(list) = &mut env {
+        list.push(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": ""}));
+        list.push(json!({"name": "NVIDIA_DRIVER_CAPABILITIES", "value": ""}));
+    }
+    env
+}
+
 /// A container with an image, and `extra` members.
 fn container(name: &str, extra: Value) -> Value {
     let mut c = json!({"name": name, "image": "mpi:latest"});
@@ -168,7 +179,9 @@ async fn defaults_give_this_exact_patch_on_each_templates_first_container() {
             {"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"},
             {"name": "mpi-hostfile", "mountPath": "/etc/mpi"}
         ]}),
-        json!({"op": "add", "path": format!("{}/containers/0/env", pod(1)), "value": open_mpi_env(1)}),
+        json!({"op": "add", "path": format!("{}/containers/0/env", pod(1)), "value": hiding_gpus(open_mpi_env(1))}),
+        json!({"op": "add", "path": format!("{}/containers/0/terminationMessagePolicy", pod(1)),
+               "value": "FallbackToLogsOnError"}),
         json!({"op": "add", "path": format!("{}/volumes", pod(1)),
                "value": [strict_ssh_volume(), hostfile_volume("pi")]}),
         json!({"op": "add", "path": "/spec/successPolicy",
@@ -203,23 +216,23 @@ fn label_chooses_the_implementation_row() {
     let patched = mutate(&plan(&intel), &intel);
     assert_eq!(
         pod_spec(&patched, 1)["containers"][0]["env"],
-        json!([
+        hiding_gpus(json!([
             {"name": "I_MPI_HYDRA_HOST_FILE", "value": "/etc/mpi/hostfile"},
             {"name": "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", "value": "-o ConnectionAttempts=10"},
             {"name": "I_MPI_PERHOST", "value": "1"},
             {"name": "I_MPI_HYDRA_IFACE", "value": "eth0"}
-        ])
+        ]))
     );
     assert_eq!(hostfile_of(&intel), "pi-node-0-0.pi:1\npi-node-0-1.pi:1\n");
     let mpich = jobset("MPICH", json!({}), rjobs());
     let patched = mutate(&plan(&mpich), &mpich);
     assert_eq!(
         pod_spec(&patched, 1)["containers"][0]["env"],
-        json!([
+        hiding_gpus(json!([
             {"name": "HYDRA_HOST_FILE", "value": "/etc/mpi/hostfile"},
             {"name": "HYDRA_LAUNCHER_EXTRA_ARGS", "value": "-o ConnectionAttempts=10"},
             {"name": "HYDRA_IFACE", "value": "eth0"}
-        ])
+        ]))
     );
 }
 
@@ -233,7 +246,7 @@ fn slots_per_node_annotation_sets_slots() {
     let patched = mutate(&plan(&js), &js);
     assert_eq!(
         pod_spec(&patched, 1)["containers"][0]["env"],
-        open_mpi_env(4)
+        hiding_gpus(open_mpi_env(4))
     );
     assert_eq!(
         hostfile_of(&js),
@@ -312,6 +325,81 @@ fn run_launcher_as_node_lists_the_launcher_and_hydra_by_its_pod_host_name() {
     );
 }
 
+/// The launcher's env and `terminationMessagePolicy` after the mutation of a JobSet whose
+/// launcher container has `extra` members, with `annotations`.
+fn launcher_after(annotations: Value, extra: Value) -> (Value, Value) {
+    let mut rjobs = rjobs();
+    rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] =
+        json!([container("launcher", extra)]);
+    let js = jobset("MPICH", annotations, rjobs);
+    let patched = mutate(&plan(&js), &js);
+    let launcher = &pod_spec(&patched, 1)["containers"][0];
+    (
+        launcher["env"].clone(),
+        launcher["terminationMessagePolicy"].clone(),
+    )
+}
+
+const MPICH_ENV: [(&str, &str); 3] = [
+    ("HYDRA_HOST_FILE", "/etc/mpi/hostfile"),
+    ("HYDRA_LAUNCHER_EXTRA_ARGS", "-o ConnectionAttempts=10"),
+    ("HYDRA_IFACE", "eth0"),
+];
+
+fn env(vars: &[(&str, &str)]) -> Value {
+    vars.iter()
+        .map(|(name, value)| json!({"name": name, "value": value}))
+        .collect()
+}
+
+#[test]
+fn the_launcher_keeps_its_output_on_failure_unless_it_chose_a_policy() {
+    let (_, policy) = launcher_after(json!({}), json!({}));
+    assert_eq!(policy, "FallbackToLogsOnError");
+    let (_, policy) = launcher_after(json!({}), json!({"terminationMessagePolicy": "File"}));
+    assert_eq!(policy, "File", "the user's value");
+    // A launcher that runs as a node too: its last words all the same.
+    let as_node = json!({"mpi-webhook.io/run-launcher-as-node": "true"});
+    assert_eq!(
+        launcher_after(as_node, json!({})).1,
+        "FallbackToLogsOnError"
+    );
+}
+
+#[test]
+fn a_launcher_that_is_not_a_worker_gets_the_gpu_env_empty_unless_set_or_a_node() {
+    let mut hidden = MPICH_ENV.to_vec();
+    hidden.extend([
+        ("NVIDIA_VISIBLE_DEVICES", ""),
+        ("NVIDIA_DRIVER_CAPABILITIES", ""),
+    ]);
+    assert_eq!(launcher_after(json!({}), json!({})).0, env(&hidden));
+    // run-launcher-as-node: it runs ranks, and keeps its GPUs.
+    let as_node = json!({"mpi-webhook.io/run-launcher-as-node": "true"});
+    assert_eq!(launcher_after(as_node, json!({})).0, env(&MPICH_ENV));
+    // The user's value wins, in place, and the other is still added.
+    let mine = json!({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]});
+    let mut expected = vec![("NVIDIA_VISIBLE_DEVICES", "all")];
+    expected.extend(MPICH_ENV);
+    expected.push(("NVIDIA_DRIVER_CAPABILITIES", ""));
+    assert_eq!(launcher_after(json!({}), mine).0, env(&expected));
+    // Set from a ConfigMap: still the user's.
+    let from = json!({"env": [{"name": "NVIDIA_DRIVER_CAPABILITIES",
+        "valueFrom": {"configMapKeyRef": {"name": "gpu", "key": "caps"}}}]});
+    let (got, _) = launcher_after(json!({}), from.clone());
+    assert_eq!(got[0], from["env"][0]);
+    assert_eq!(got.as_array().map(Vec::len), Some(5));
+    assert_eq!(
+        got[4],
+        json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": ""})
+    );
+    // A launcher that asks for GPUs itself: its device plugin's value is not hidden.
+    for list in ["requests", "limits"] {
+        let gpus = json!({"resources": {list: {"nvidia.com/gpu": 1}}});
+        assert_eq!(launcher_after(json!({}), gpus).0, env(&MPICH_ENV), "{list}");
+    }
+}
+
 #[test]
 fn container_annotation_wires_that_container_and_no_other() {
     let mut rjobs = rjobs();
@@ -332,7 +420,7 @@ fn container_annotation_wires_that_container_and_no_other() {
     }
     assert_eq!(
         pod_spec(&patched, 1)["containers"][2]["env"],
-        open_mpi_env(1)
+        hiding_gpus(open_mpi_env(1))
     );
 }
 
@@ -821,6 +909,7 @@ async fn a_minimal_jobset_gets_sshd_a_probe_dependson_and_the_preflight() {
         [
             add(format!("{}/containers/0/command", pod(0))),
             add(format!("{}/containers/0/readinessProbe", pod(0))),
+            add(format!("{}/containers/0/terminationMessagePolicy", pod(1))),
             add(format!("{}/initContainers", pod(1))),
             add("/spec/replicatedJobs/1/dependsOn".to_string()),
             add("/spec/successPolicy".to_string()),
