@@ -10,7 +10,6 @@
 //!
 //! [`MpiPlan::for_jobset`]: super::plan::MpiPlan::for_jobset
 
-pub mod preflight_failure;
 pub mod rules;
 pub mod settings;
 pub mod ssh_setup;
