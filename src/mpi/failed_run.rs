@@ -311,8 +311,13 @@ fn bounded(text: String, max: usize) -> String {
     format!("{}{CUT}", &text[..end])
 }
 
-/// The end of `text` in at most `max` bytes, cut at a character boundary, with `…` first where
-/// it was cut: a failed program's last lines say why.
+/// How far into a cut tail a line break may be for the tail to start after it instead: a
+/// whole first line reads better than its end, but not at the price of most of the text.
+const LINE_SNAP: usize = 128;
+
+/// The end of `text` in at most `max` bytes, with `…` first where it was cut: a failed
+/// program's last lines say why. The cut is at a character boundary, and after a line break
+/// when one is near.
 fn tail(text: &str, max: usize) -> String {
     if text.len() <= max {
         return text.to_string();
@@ -321,7 +326,12 @@ fn tail(text: &str, max: usize) -> String {
     while !text.is_char_boundary(start) {
         start += 1;
     }
-    format!("{CUT}{}", &text[start..])
+    let rest = &text[start..];
+    let rest = match rest.find('\n') {
+        Some(at) if at < LINE_SNAP && at + 1 < rest.len() => &rest[at + 1..],
+        _ => rest,
+    };
+    format!("{CUT}{rest}")
 }
 
 #[cfg(test)]
@@ -651,20 +661,26 @@ mod tests {
         assert!(!has_failed_container(&no_status));
     }
 
-    #[test]
-    fn the_launcher_note_keeps_the_end_of_any_output_within_1024_bytes() {
+    /// The note of a `launcher` container (wired by name) that exited with `code` and left
+    /// `message`.
+    fn launcher_note(code: i32, message: &str) -> String {
         let named = WiredContainer::Named("launcher".into());
-        // 2 KiB of multi-byte text, as kubelet keeps at most, then the line that says why.
-        let output = format!("{}\nfatal: out of disk", "日本".repeat(400));
         let pod = launcher_pod(json!([container_status(
             "launcher",
             0,
-            terminated(1, &output),
+            terminated(code, message),
             json!({})
         )]));
-        let note = failed_runs(&pod, Watched::Launcher(&named))
+        failed_runs(&pod, Watched::Launcher(&named))
             .remove(0)
-            .note();
+            .note()
+    }
+
+    #[test]
+    fn the_launcher_note_keeps_the_end_of_any_output_within_1024_bytes() {
+        // 2 KiB of multi-byte text, as kubelet keeps at most, then the line that says why.
+        let output = format!("{}\nfatal: out of disk", "日本".repeat(400));
+        let note = launcher_note(1, &output);
         assert!(note.len() <= NOTE_MAX_BYTES, "{} bytes", note.len());
         assert!(note.len() >= NOTE_MAX_BYTES - 4, "{} bytes", note.len());
         assert!(
@@ -674,19 +690,17 @@ mod tests {
         assert!(note.ends_with("\nfatal: out of disk"), "{note}");
         // Control characters and invalid-looking text are passed as they are, bounded.
         let odd = "\u{0}\u{7f}\u{202e}x".repeat(500);
-        let pod = launcher_pod(json!([container_status(
-            "launcher",
-            0,
-            terminated(1, &odd),
-            json!({})
-        )]));
-        assert!(
-            failed_runs(&pod, Watched::Launcher(&named))
-                .remove(0)
-                .note()
-                .len()
-                <= NOTE_MAX_BYTES
-        );
+        assert!(launcher_note(1, &odd).len() <= NOTE_MAX_BYTES);
+    }
+
+    #[test]
+    fn a_cut_output_starts_at_a_whole_line_when_one_starts_near_the_cut() {
+        let output = format!("{}done: exit 3", "step 1 of 1000 done\n".repeat(100));
+        let note = launcher_note(3, &output);
+        let (_, tail) = note.split_once("its last output:\n").expect("the output");
+        assert!(tail.starts_with("…step 1 of 1000 done\n"), "{tail}");
+        assert!(tail.ends_with("done: exit 3"), "{tail}");
+        assert!(note.len() <= NOTE_MAX_BYTES && note.len() > NOTE_MAX_BYTES - 21);
     }
 
     #[test]
