@@ -23,11 +23,10 @@ pub struct HostfileTooLarge {
 /// Size in bytes of the hostfile of `plan`, computed without building it, so that a huge
 /// numNodes is rejected before anything is allocated.
 pub fn hostfile_len(plan: &MpiPlan) -> u128 {
-    let slots_len = plan.implementation.slots_separator.len() + plan.slots.to_string().len();
-    plan.pod_sets
-        .iter()
-        .filter(|p| plan.lists_in_hostfile(p))
-        .map(|p| {
+    plan.hostfile_pod_sets()
+        .into_iter()
+        .map(|(p, slots)| {
+            let slots_len = plan.implementation.slots_separator.len() + slots.to_string().len();
             // "<tj>-<R>-<r>-<p>[.<subdomain>]<sep><N>\n"
             let suffix_len = host_suffix(plan, p).map_or(0, |s| 1 + s.len());
             let fixed =
@@ -76,7 +75,8 @@ fn digit_sum(n: u128) -> u128 {
     total
 }
 
-/// The hostfile text: one line per listed endpoint, in pod-set order, each ending in `\n`.
+/// The hostfile text: one line per listed endpoint, in the order of
+/// [`MpiPlan::hostfile_pod_sets`], each ending in `\n`.
 ///
 /// # Errors
 /// [`HostfileTooLarge`] when it would not fit a ConfigMap; nothing is allocated then.
@@ -84,8 +84,8 @@ pub fn hostfile(plan: &MpiPlan) -> Result<String, HostfileTooLarge> {
     check_hostfile_size(plan)?;
     let capacity = usize::try_from(hostfile_len(plan)).unwrap_or(0);
     let mut text = String::with_capacity(capacity);
-    let (separator, slots) = (plan.implementation.slots_separator, plan.slots);
-    for pod_set in plan.pod_sets.iter().filter(|p| plan.lists_in_hostfile(p)) {
+    let separator = plan.implementation.slots_separator;
+    for (pod_set, slots) in plan.hostfile_pod_sets() {
         let suffix = host_suffix(plan, pod_set);
         for (r, p) in (0..pod_set.replicas).flat_map(|r| (0..pod_set.count).map(move |p| (r, p))) {
             // Writing into a String cannot fail.
@@ -132,6 +132,10 @@ mod tests {
         MpiPlan {
             implementation: implementation::lookup(implementation).expect("known"),
             slots,
+            worker_groups: vec![crate::mpi::plan::WorkerGroup {
+                name: "node".into(),
+                slots,
+            }],
             ssh_auth_mount_path: "/root/.ssh".into(),
             ssh_private_key_mode: crate::mpi::SSH_PRIVATE_KEY_FILE_MODE_TRAINER,
             run_launcher_as_node: launcher_as_node,

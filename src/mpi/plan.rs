@@ -74,6 +74,16 @@ pub struct PodSet {
     pub count: i64,
 }
 
+/// A worker group: a replicatedJob whose pods are MPI hosts, with their slots each (`node` in
+/// TrainJob mode; in JobSet mode those `mpi-webhook.io/worker-groups` names, Decision 19).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WorkerGroup {
+    /// replicatedJob name.
+    pub name: String,
+    /// Slots per host.
+    pub slots: i64,
+}
+
 /// Which containers of the `launcher` and `node` pod templates get the mounts and the env.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum WiredContainer {
@@ -126,8 +136,12 @@ impl WiredContainer {
 pub struct MpiPlan {
     /// The implementation row.
     pub implementation: &'static Implementation,
-    /// Processes per node (hostfile slots and the slots env vars).
+    /// Processes per node of the first worker group: the slots env vars, and the launcher's
+    /// hostfile line when it runs as a node.
     pub slots: i64,
+    /// The replicatedJobs whose pods are listed in the hostfile, in hostfile order, with their
+    /// slots: `node` alone but in JobSet mode with `mpi-webhook.io/worker-groups`.
+    pub worker_groups: Vec<WorkerGroup>,
     /// Where the SSH Secret is mounted.
     pub ssh_auth_mount_path: String,
     /// Mode of the projected private key file (`id_rsa`): upstream's in TrainJob mode
@@ -204,9 +218,14 @@ impl MpiPlan {
             }
             _ => None,
         };
+        let slots = slots(train_job, mpi, &template.replicated_jobs);
         Ok(Some(Self {
             implementation,
-            slots: slots(train_job, mpi, &template.replicated_jobs),
+            slots,
+            worker_groups: vec![WorkerGroup {
+                name: NODE.to_string(),
+                slots,
+            }],
             ssh_auth_mount_path: mpi.ssh_auth_mount_path().to_string(),
             ssh_private_key_mode: SSH_PRIVATE_KEY_FILE_MODE_TRAINER,
             run_launcher_as_node,
@@ -263,9 +282,45 @@ impl MpiPlan {
         }
     }
 
+    /// The worker group named `name`, if it is one.
+    pub fn worker_group(&self, name: &str) -> Option<&WorkerGroup> {
+        self.worker_groups.iter().find(|g| g.name == name)
+    }
+
     /// Whether the hostfile lists the pods of this pod set.
     pub fn lists_in_hostfile(&self, pod_set: &PodSet) -> bool {
-        pod_set.name == NODE || (pod_set.name == LAUNCHER && self.run_launcher_as_node)
+        self.worker_group(&pod_set.name).is_some()
+            || (pod_set.name == LAUNCHER && self.run_launcher_as_node)
+    }
+
+    /// The pod sets the hostfile lists, in its order, with the slots of each of their hosts:
+    /// the worker groups in their order, and the launcher, when it runs as a node, before them
+    /// when it is listed before the first group's pod set, else after them (Decision 19; for
+    /// `node` alone, D.2's template order).
+    pub fn hostfile_pod_sets(&self) -> Vec<(&PodSet, i64)> {
+        let group_rank = |p: &PodSet| self.worker_groups.iter().position(|g| g.name == p.name);
+        let first_group = self.pod_sets.iter().position(|p| group_rank(p).is_some());
+        let mut listed: Vec<(usize, &PodSet)> = self
+            .pod_sets
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| self.lists_in_hostfile(p))
+            .collect();
+        // Stable: pod sets of the same rank keep their template order.
+        listed.sort_by_key(|(i, p)| match group_rank(p) {
+            Some(rank) => (1, rank),
+            None if first_group.is_none_or(|first| *i < first) => (0, 0),
+            None => (2, 0),
+        });
+        listed
+            .into_iter()
+            .map(|(_, p)| {
+                (
+                    p,
+                    self.worker_group(&p.name).map_or(self.slots, |g| g.slots),
+                )
+            })
+            .collect()
     }
 }
 
@@ -284,12 +339,22 @@ impl MpiPlan {
     pub fn from_settings(jobset: &JobSet, settings: Settings) -> Self {
         let wired_container = WiredContainer::for_jobset(settings.container.as_deref());
         let spec = &jobset.spec;
-        let slots = settings
-            .slots_per_node
-            .unwrap_or_else(|| gpu_slots(jobset, &wired_container));
+        let worker_groups: Vec<WorkerGroup> = settings
+            .worker_groups
+            .iter()
+            .map(|name| WorkerGroup {
+                name: name.clone(),
+                slots: settings
+                    .slots_of(name)
+                    .unwrap_or_else(|| gpu_slots(jobset, name, &wired_container)),
+            })
+            .collect();
+        // The settings always name a group (`node` by default): the first's are `node`'s slots.
+        let slots = worker_groups.first().map_or(1, |g| g.slots);
         MpiPlan {
             implementation: settings.implementation,
             slots,
+            worker_groups,
             ssh_auth_mount_path: settings.ssh_auth_mount_path,
             ssh_private_key_mode: SSH_PRIVATE_KEY_FILE_MODE_STRICT,
             run_launcher_as_node: settings.run_launcher_as_node,
@@ -316,10 +381,10 @@ impl MpiPlan {
     }
 }
 
-/// Decision 3 on the wired container of `node`: its GPUs when more than 1, else 1.
-fn gpu_slots(jobset: &JobSet, wired: &WiredContainer) -> i64 {
+/// Decision 3 on the wired container of worker group `group`: its GPUs when more than 1, else 1.
+fn gpu_slots(jobset: &JobSet, group: &str, wired: &WiredContainer) -> i64 {
     let resources = jobset
-        .replicated_job(NODE)
+        .replicated_job(group)
         .and_then(|(_, rjob)| wired.container_in(rjob))
         .and_then(|(_, container)| container.resources.as_ref());
     match resources.map(gpus_per_node) {

@@ -43,7 +43,7 @@ const KINDS: [&str; 2] = ["enforce", "reviews"];
 /// What the oracle reads of `plan`: the key of a writer case, independent of how `MpiPlan`
 /// holds it.
 pub fn plan_fingerprint(plan: &MpiPlan) -> Value {
-    json!({
+    let mut fingerprint = json!({
         "jobsetName": plan.jobset_name,
         "sshPrivateKeyMode": plan.ssh_private_key_mode,
         "sshAuthMountPath": plan.ssh_auth_mount_path,
@@ -53,7 +53,18 @@ pub fn plan_fingerprint(plan: &MpiPlan) -> Value {
         "jobsetDefaults": plan.jobset_defaults.is_some(),
         "sshPort": plan.ssh_port(),
         "preflightImage": plan.preflight_image(),
-    })
+    });
+    // Worker groups (Decision 19) other than `node` alone: keyed too, and only then, so every
+    // case recorded before them keeps its key.
+    if plan.worker_groups.len() != 1 || plan.worker_groups[0].name != "node" {
+        fingerprint["workerGroups"] = json!(
+            plan.worker_groups
+                .iter()
+                .map(|g| g.name.as_str())
+                .collect::<Vec<_>>()
+        );
+    }
+    fingerprint
 }
 
 fn key(parts: &[&[u8]]) -> String {

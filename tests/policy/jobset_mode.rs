@@ -1468,3 +1468,223 @@ async fn a_success_policy_the_user_chose_is_kept() {
         assert_eq!(policy, chosen);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Worker groups (Decision 19): several replicatedJobs of MPI hosts
+
+const GROUPS: &str = "mpi-webhook.io/worker-groups";
+const SLOTS_PER_GROUP: &str = "mpi-webhook.io/slots-per-group";
+
+/// `small` (2 hosts, container `worker`), `big` (1 host, container `worker`), then `launcher`
+/// (container `launcher`, running `mpirun`): the sample's shape.
+fn group_rjobs() -> Vec<Value> {
+    let mut rjobs = minimal_rjobs();
+    let mut small = rjobs.remove(0);
+    small["name"] = json!("small");
+    let mut big = small.clone();
+    big["name"] = json!("big");
+    big["template"]["spec"] = json!({"parallelism": 1, "completions": 1,
+        "template": {"spec": {"containers": [container("worker", json!({}))]}}});
+    vec![small, big, rjobs.remove(0)]
+}
+
+/// The JobSet `pi` with worker groups `small,big` and `annotations` besides.
+fn groups_jobset(implementation: &str, annotations: Value, rjobs: Vec<Value>) -> Value {
+    let mut annotations = annotations;
+    annotations[GROUPS] = json!("small,big");
+    generated_jobset(implementation, annotations, rjobs)
+}
+
+/// The ConfigMap data the reconciler applies for `jobset` (the same code as `render`).
+fn reconciled_hostfile(jobset: &Value) -> String {
+    let typed: JobSet = serde_json::from_value(jobset.clone()).expect("JobSet");
+    let configmap = mpi_webhook::mpi::objects_for::jobset_hostfile(&typed)
+        .expect("builds")
+        .expect("JobSet mode");
+    configmap.data.expect("data")["hostfile"].clone()
+}
+
+#[tokio::test]
+async fn every_worker_group_gets_the_wiring_node_gets() {
+    for ssh_setup in ["generated", "image"] {
+        let annotations = json!({SSH_SETUP: ssh_setup});
+        let groups = defaulted(
+            groups_jobset("OpenMPI", annotations.clone(), group_rjobs()),
+            IMAGE,
+        )
+        .await;
+        let node = defaulted(
+            generated_jobset("OpenMPI", annotations, minimal_rjobs()),
+            IMAGE,
+        )
+        .await;
+        // Each group's pod template is wired exactly as `node`'s: ssh setup or Secret mount,
+        // sshd command, readiness probe, the one key of the JobSet.
+        assert_eq!(pod_spec(&groups, 0), pod_spec(&node, 0), "{ssh_setup}");
+        assert_eq!(pod_spec(&groups, 1), pod_spec(&node, 0), "{ssh_setup}");
+        assert_eq!(pod_spec(&groups, 2), pod_spec(&node, 1), "{ssh_setup}");
+        assert_eq!(
+            groups["spec"]["replicatedJobs"][2]["dependsOn"],
+            json!([{"name": "small", "status": "Ready"}, {"name": "big", "status": "Ready"}]),
+            "the launcher waits for every group, in the groups' order"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_worker_groups_jobset_gets_this_exact_dependson_and_no_other_change_of_its_shape() {
+    let js = groups_jobset("MPICH", json!({}), group_rjobs());
+    let response = mutate_with(js.clone(), "").await;
+    let ops: Vec<Value> = patch_of(&response)
+        .as_array()
+        .expect("ops")
+        .iter()
+        .filter(|op| {
+            !op["path"]
+                .as_str()
+                .is_some_and(|p| p.contains("/template/"))
+        })
+        .cloned()
+        .collect();
+    assert_eq!(
+        ops,
+        [
+            json!({"op": "add", "path": "/spec/replicatedJobs/2/dependsOn", "value": [
+                {"name": "small", "status": "Ready"}, {"name": "big", "status": "Ready"}]}),
+            json!({"op": "add", "path": "/spec/successPolicy",
+                   "value": {"operator": "All", "targetReplicatedJobs": ["launcher"]}}),
+        ]
+    );
+}
+
+#[test]
+fn the_hostfile_lists_the_groups_in_their_order_each_with_its_slots() {
+    // The annotation's order, not the template's.
+    let mut rjobs = group_rjobs();
+    rjobs.swap(0, 1);
+    let annotations = json!({SLOTS_PER_GROUP: "big=3"});
+    let js = groups_jobset("OpenMPI", annotations.clone(), rjobs.clone());
+    let open_mpi = "pi-small-0-0.pi slots=1\npi-small-0-1.pi slots=1\npi-big-0-0.pi slots=3\n";
+    assert_eq!(hostfile_of(&js), open_mpi);
+    assert_eq!(reconciled_hostfile(&js), open_mpi, "the reconciler's");
+    for implementation in ["Intel", "MPICH"] {
+        let js = groups_jobset(implementation, annotations.clone(), rjobs.clone());
+        let hydra = "pi-small-0-0.pi:1\npi-small-0-1.pi:1\npi-big-0-0.pi:3\n";
+        assert_eq!(hostfile_of(&js), hydra, "{implementation}");
+        assert_eq!(reconciled_hostfile(&js), hydra, "{implementation}");
+    }
+    // Replicas, then pods, within a group.
+    let mut rjobs = group_rjobs();
+    rjobs[1]["replicas"] = json!(2);
+    rjobs[1]["template"]["spec"]["parallelism"] = json!(2);
+    assert_eq!(
+        hostfile_of(&groups_jobset("MPICH", json!({}), rjobs)),
+        "pi-small-0-0.pi:1\npi-small-0-1.pi:1\npi-big-0-0.pi:1\npi-big-0-1.pi:1\npi-big-1-0.pi:1\npi-big-1-1.pi:1\n"
+    );
+}
+
+#[test]
+fn each_group_has_its_override_else_slots_per_node_else_its_own_gpus() {
+    let mut rjobs = group_rjobs();
+    let gpus = |n: i64| {
+        json!([container(
+            "worker",
+            json!({"resources": {"limits": {"nvidia.com/gpu": n}}})
+        )])
+    };
+    rjobs[0]["template"]["spec"]["template"]["spec"]["containers"] = gpus(4);
+    rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] = gpus(8);
+    let slots = |annotations: Value| {
+        let plan = plan(&groups_jobset("OpenMPI", annotations, rjobs.clone()));
+        let groups: Vec<(String, i64)> = plan
+            .worker_groups
+            .iter()
+            .map(|g| (g.name.clone(), g.slots))
+            .collect();
+        (groups, plan.slots)
+    };
+    let named = |small: i64, big: i64| vec![("small".to_string(), small), ("big".to_string(), big)];
+    assert_eq!(slots(json!({})), (named(4, 8), 4), "each group's GPUs");
+    assert_eq!(
+        slots(json!({"mpi-webhook.io/slots-per-node": "2"})),
+        (named(2, 2), 2),
+        "slots-per-node for every group"
+    );
+    assert_eq!(
+        slots(json!({"mpi-webhook.io/slots-per-node": "2", SLOTS_PER_GROUP: " big = 3 "})),
+        (named(2, 3), 2),
+        "the override for its group; the env vars carry the first group's"
+    );
+    assert_eq!(slots(json!({SLOTS_PER_GROUP: "small=1"})), (named(1, 8), 1));
+    let js = groups_jobset(
+        "OpenMPI",
+        json!({SLOTS_PER_GROUP: "small=1"}),
+        rjobs.clone(),
+    );
+    let response = plan(&js);
+    let env: Vec<(&str, String)> = response
+        .launcher_env()
+        .filter(|(name, _)| name.ends_with("_slots"))
+        .collect();
+    assert_eq!(
+        env,
+        [
+            ("OMPI_MCA_orte_set_default_slots", "1".to_string()),
+            ("PRTE_MCA_prte_set_default_slots", "1".to_string())
+        ]
+    );
+}
+
+#[test]
+fn the_launcher_as_a_node_comes_before_the_groups_when_listed_before_them_else_after() {
+    let as_node = json!({"mpi-webhook.io/run-launcher-as-node": "true", SLOTS_PER_GROUP: "big=3"});
+    let after = groups_jobset("OpenMPI", as_node.clone(), group_rjobs());
+    assert_eq!(
+        hostfile_of(&after),
+        "pi-small-0-0.pi slots=1\npi-small-0-1.pi slots=1\npi-big-0-0.pi slots=3\npi-launcher-0-0.pi slots=1\n"
+    );
+    let mut rjobs = group_rjobs();
+    rjobs.rotate_right(1);
+    let before = groups_jobset("Intel", as_node, rjobs);
+    assert_eq!(
+        hostfile_of(&before),
+        "pi-launcher-0-0:1\npi-small-0-0.pi:1\npi-small-0-1.pi:1\npi-big-0-0.pi:3\n"
+    );
+    // `node` alone keeps the template order, as before worker groups.
+    let mut rjobs = minimal_rjobs();
+    rjobs.reverse();
+    let node = jobset(
+        "OpenMPI",
+        json!({"mpi-webhook.io/run-launcher-as-node": "true"}),
+        rjobs,
+    );
+    assert_eq!(
+        hostfile_of(&node),
+        "pi-launcher-0-0.pi slots=1\npi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\n"
+    );
+}
+
+#[tokio::test]
+async fn a_group_listed_after_the_launcher_means_no_dependson_and_a_warning_naming_it() {
+    let mut rjobs = group_rjobs();
+    rjobs.swap(1, 2);
+    let js = groups_jobset("OpenMPI", json!({}), rjobs);
+    let mutated = defaulted(js, IMAGE).await;
+    assert_eq!(mutated["spec"]["replicatedJobs"][1].get("dependsOn"), None);
+    assert_eq!(
+        validate(mutated.clone()).await["warnings"],
+        json!([
+            "spec.replicatedJobs[1].dependsOn: the launcher does not wait for the workers: without dependsOn [{name: small, status: Ready}, {name: big, status: Ready}] it may start before their sshd listens; none was added because big is listed after launcher, and JobSet lets a replicatedJob depend only on those listed before it: list big first"
+        ])
+    );
+    // A dependsOn on some groups only is the user's, and warned of.
+    let mut partial = mutated;
+    partial["spec"]["replicatedJobs"][1]["dependsOn"] =
+        json!([{"name": "small", "status": "Ready"}]);
+    assert_eq!(
+        validate(partial).await["warnings"],
+        json!([
+            "spec.replicatedJobs[1].dependsOn: the launcher does not wait for the workers: without dependsOn [{name: small, status: Ready}, {name: big, status: Ready}] it may start before their sshd listens"
+        ])
+    );
+}

@@ -310,25 +310,32 @@ pub fn wired(plan: &MpiPlan, jobset: &Value) -> Result<Value, MutationError> {
         Some(Value::Array(rjobs)) => rjobs,
         Some(other) => return Err(wrong_type("spec.replicatedJobs", other, "an array")),
     };
-    let mut node_before = false;
+    // The worker groups (`node`, or Decision 19's) listed so far: the launcher depends on them
+    // only when all are.
+    let groups: Vec<&str> = plan.worker_groups.iter().map(|g| g.name.as_str()).collect();
+    let mut seen: Vec<String> = Vec::new();
     for (i, rjob) in rjobs.iter_mut().enumerate() {
         let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
-        let is_node = name == "node";
-        let launcher = match name {
-            "launcher" => Some(node_before && !in_order),
-            "node" => None,
-            _ => continue,
+        let is_group = groups.contains(&name);
+        let launcher = if name == "launcher" {
+            Some(groups.iter().all(|g| seen.iter().any(|s| s == g)) && !in_order)
+        } else if is_group {
+            None
+        } else {
+            continue;
         };
+        if is_group {
+            seen.push(name.to_owned());
+        }
         if let Value::Object(rjob) = rjob {
             wire(plan, rjob, &format!("spec.replicatedJobs[{i}]"), launcher)?;
         }
-        node_before |= is_node;
     }
     Ok(out)
 }
 
 /// Wires one replicatedJob, `rjob` at `field`. `launcher`: for the launcher `Some(whether it may
-/// depend on node)` (node listed before it, no `startupPolicyOrder: InOrder`), `None` for `node`.
+/// depend on the worker groups)` (all listed before it, no `startupPolicyOrder: InOrder`), `None` for a group.
 fn wire(
     plan: &MpiPlan,
     rjob: &mut Map<String, Value>,
@@ -345,11 +352,14 @@ fn wire(
         spec.insert("parallelism".into(), json!(count));
         spec.insert("completions".into(), json!(count));
     }
-    // JobSet mode: the launcher waits for Ready workers when `node` is listed before it.
+    // JobSet mode: the launcher waits for every worker group Ready when all are listed before it.
     if defaults && launcher == Some(true) && unset(rjob.get("dependsOn")) {
+        let groups = plan.worker_groups.iter();
         rjob.insert(
             "dependsOn".into(),
-            json!([{"name": "node", "status": "Ready"}]),
+            groups
+                .map(|g| json!({"name": g.name, "status": "Ready"}))
+                .collect(),
         );
     }
     // C.3: volumes, by name.

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 
 use super::super::plan::MpiPlan;
 use super::super::{
-    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_PATH, HOSTFILE_VOLUME, LAUNCHER, NODE,
+    HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_PATH, HOSTFILE_VOLUME, LAUNCHER,
     PREFLIGHT_BINARY, PREFLIGHT_CONTAINER, PREFLIGHT_USER, SSH_AUTH_DEFAULT_MODE, SSH_AUTH_VOLUME,
     SSH_AUTHORIZED_KEYS_FILE, SSH_PRIVATE_KEY, SSH_PRIVATE_KEY_FILE, SSH_PUBLIC_KEY,
     SSH_PUBLIC_KEY_FILE, SSH_PUBLIC_KEY_FILE_MODE, SSHD, hostfile_configmap_name, ssh_secret_name,
@@ -146,9 +146,12 @@ pub fn sshd_readiness_probe(port: u16) -> Value {
     json!({"tcpSocket": {"port": port}})
 }
 
-/// JobSet mode: the launcher's `dependsOn` when it has none and `node` is listed before it.
-pub fn depends_on_ready_nodes() -> Value {
-    json!([{"name": NODE, "status": "Ready"}])
+/// JobSet mode: the launcher's `dependsOn` when it has none and every worker group (`node`, or
+/// those of Decision 19) is listed before it: each group Ready, in the groups' order.
+pub fn depends_on_ready_groups<'g>(groups: impl Iterator<Item = &'g str>) -> Value {
+    groups
+        .map(|name| json!({"name": name, "status": "Ready"}))
+        .collect()
 }
 
 /// JobSet mode: the JobSet completes when its launcher does, since workers that run sshd never

@@ -33,7 +33,7 @@ use items::{EnvVar, HostfileVolume, Mount, SshAuthVolume};
 
 use super::jobset_mode::ssh_setup::{self, SSH_SETUP_CONTAINER};
 use super::plan::MpiPlan;
-use super::{LAUNCHER, NODE, PREFLIGHT_CONTAINER};
+use super::{LAUNCHER, PREFLIGHT_CONTAINER};
 
 /// The JobSet has a value of the wrong JSON type where the policy must write.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -74,17 +74,17 @@ pub fn wire(plan: &MpiPlan, jobset: &mut Value) -> Result<(), MutationError> {
     self::jobset(plan, &Items::new(plan), Obj::new(spec, "spec".to_owned())?)
 }
 
-/// Which of the two replicatedJobs the policy wires.
+/// Which kind of replicatedJob the policy wires.
 #[derive(Debug, Clone, Copy)]
 enum Role {
-    /// `launcher`, with whether JobSet lets it depend on `node`: `node` is listed before it and
-    /// the JobSet has no `startupPolicyOrder: InOrder`.
+    /// `launcher`, with whether JobSet lets it depend on the workers: every worker group is
+    /// listed before it and the JobSet has no `startupPolicyOrder: InOrder`.
     Launcher { may_depend_on_node: bool },
-    /// `node`.
+    /// A worker group: `node`, or one `mpi-webhook.io/worker-groups` names (Decision 19).
     Node,
 }
 
-/// The JobSet's `spec`: each `launcher` and `node` replicatedJob.
+/// The JobSet's `spec`: the `launcher` and each worker group's replicatedJob.
 fn jobset(plan: &MpiPlan, items: &Items, mut spec: Obj<'_>) -> Result<(), MutationError> {
     // JobSet lets a replicatedJob depend only on those listed before it, and on none under
     // `startupPolicyOrder: InOrder` (which already starts the launcher after Ready workers).
@@ -101,17 +101,22 @@ fn jobset(plan: &MpiPlan, items: &Items, mut spec: Obj<'_>) -> Result<(), Mutati
     let Some(rjobs) = spec.existing_list("replicatedJobs")? else {
         return Ok(());
     };
-    let mut node_before = false;
+    // The worker groups listed so far: a dependsOn may name only those (all of them, or the
+    // launcher would start before some group's sshd listens).
+    let mut before = Vec::new();
     for (i, rjob) in rjobs.iter_mut().enumerate() {
         let name = rjob.get("name").and_then(Value::as_str).unwrap_or_default();
-        let role = match name {
-            LAUNCHER => Role::Launcher {
-                may_depend_on_node: node_before && !in_order,
-            },
-            NODE => Role::Node,
-            _ => continue,
+        let role = if name == LAUNCHER {
+            let every_group = plan.worker_groups.iter().all(|g| before.contains(&g.name));
+            Role::Launcher {
+                may_depend_on_node: every_group && !in_order,
+            }
+        } else if plan.worker_group(name).is_some() {
+            before.push(name.to_owned());
+            Role::Node
+        } else {
+            continue;
         };
-        node_before |= name == NODE;
         // Not an object: not a replicatedJob the policy can recognise, left to JobSet's schema.
         if rjob.is_object() {
             replicated_job(plan, items, role, Obj::new(rjob, format!("{field}[{i}]"))?)?;
@@ -382,7 +387,9 @@ impl Items {
                     items::sshd_command(port)
                 },
                 readiness_probe: items::sshd_readiness_probe(port),
-                depends_on: items::depends_on_ready_nodes(),
+                depends_on: items::depends_on_ready_groups(
+                    plan.worker_groups.iter().map(|g| g.name.as_str()),
+                ),
                 success_policy: items::success_policy_launcher(),
                 preflight: plan
                     .preflight_image()

@@ -5,7 +5,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::api::jobset::{JobSet, ReplicatedJob};
-use crate::field_error::{BadValue, FieldError};
+use crate::field_error::{BadValue, FieldError, go_quote};
 use crate::mpi::hostfile::check_hostfile_size;
 use crate::mpi::plan::{MpiPlan, WiredContainer};
 use crate::mpi::validate::reserved_env_names_error;
@@ -31,7 +31,19 @@ pub struct Checked {
 pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
     let mut checked = Checked::default();
     let errors = &mut checked.errors;
-    let (launcher, node) = (jobset.replicated_job(LAUNCHER), jobset.replicated_job(NODE));
+    let launcher = jobset.replicated_job(LAUNCHER);
+    // The worker groups (Decision 19) found in the JobSet, in the groups' order; when the
+    // annotation does not parse, `node` stands in for the checks of its pods (the settings
+    // report the annotation).
+    let named = worker_groups(&jobset.metadata);
+    let groups = named
+        .as_ref()
+        .map_or_else(|_| vec![NODE.to_string()], Clone::clone);
+    let found: Vec<(&str, Found<'_>)> = groups
+        .iter()
+        .map(|name| (name.as_str(), jobset.replicated_job(name)))
+        .collect();
+    let group_jobs: Vec<Found<'_>> = found.iter().map(|(_, rjob)| *rjob).collect();
     let unset = if wired_by_image(jobset, launcher, raw) {
         SshSetup::Image
     } else {
@@ -48,41 +60,71 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
         ));
     }
     errors.extend(network_error(jobset));
-    errors.extend(shape_errors(jobset, launcher, node));
-    errors.extend(container_errors(jobset, [launcher, node]));
+    errors.extend(shape_errors(
+        jobset,
+        launcher,
+        named.is_ok().then_some(&found[..]),
+    ));
+    errors.extend(container_errors(
+        jobset,
+        std::iter::once(launcher).chain(group_jobs.iter().copied()),
+    ));
     if let Some(settings) = settings {
         let plan = MpiPlan::from_settings(jobset, settings);
         if let Some((i, rjob)) = launcher {
             errors.extend(reserved_env_error(i, rjob, raw, &plan));
         }
-        errors.extend(hostfile_error(&plan, node.or(launcher)));
+        let first_group = group_jobs.iter().copied().flatten().next();
+        errors.extend(hostfile_error(&plan, first_group.or(launcher)));
         checked.plan = Some(plan);
     }
-    if let (Some((i, rjob)), Some((n, _))) = (launcher, node)
-        && !waits_for_ready_nodes(rjob)
+    let present: Vec<(&str, usize)> = found
+        .iter()
+        .filter_map(|(name, rjob)| Some((*name, rjob.as_ref()?.0)))
+        .collect();
+    if let Some((i, rjob)) = launcher
+        && !present.is_empty()
+        && !waits_for_ready_groups(rjob, &groups)
     {
         let unset = rjob.depends_on.is_none();
-        // Unset with `node` listed first, the mutation adds the dependsOn: nothing to warn of.
-        if !unset || n > i {
-            checked.warnings.push(dependency_warning(i, unset));
+        let after: Vec<&str> = present
+            .iter()
+            .filter(|(_, n)| *n > i)
+            .map(|(name, _)| *name)
+            .collect();
+        // Unset with every group listed first, the mutation adds the dependsOn: nothing to warn
+        // of.
+        if !unset || !after.is_empty() {
+            let after = if unset { after } else { Vec::new() };
+            checked
+                .warnings
+                .push(dependency_warning(i, &groups, &after));
         }
     }
     checked
 }
 
-/// The warning for a launcher at index `i` that does not wait for Ready workers; `unset`: it
-/// has no `dependsOn`, and `node` is listed after it, so none could be added.
-fn dependency_warning(i: usize, unset: bool) -> String {
+/// The warning for a launcher at index `i` that does not wait for Ready workers of `groups`;
+/// `after`: the groups listed after it when it has no `dependsOn`, which is why none was added.
+fn dependency_warning(i: usize, groups: &[String], after: &[&str]) -> String {
+    let wanted: Vec<String> = groups
+        .iter()
+        .map(|name| format!("{{name: {name}, status: Ready}}"))
+        .collect();
     let warning = format!(
-        "spec.replicatedJobs[{i}].dependsOn: the launcher does not wait for the workers: without dependsOn [{{name: node, status: Ready}}] it may start before their sshd listens"
+        "spec.replicatedJobs[{i}].dependsOn: the launcher does not wait for the workers: without dependsOn [{}] it may start before their sshd listens",
+        wanted.join(", ")
     );
-    if unset {
-        format!(
-            "{warning}; none was added because node is listed after launcher, and JobSet lets a replicatedJob depend only on those listed before it: list node first"
-        )
-    } else {
-        warning
+    if after.is_empty() {
+        return warning;
     }
+    let (names, verb) = (
+        after.join(", "),
+        if after.len() == 1 { "is" } else { "are" },
+    );
+    format!(
+        "{warning}; none was added because {names} {verb} listed after launcher, and JobSet lets a replicatedJob depend only on those listed before it: list {names} first"
+    )
 }
 
 /// Whether the launcher's wired container already mounts the SSH Secret: a JobSet the webhook
@@ -139,8 +181,14 @@ fn network_error(jobset: &JobSet) -> Option<FieldError> {
     })
 }
 
-/// A one-pod `launcher`, and a `node` unless the launcher runs as the only node.
-fn shape_errors(jobset: &JobSet, launcher: Found<'_>, node: Found<'_>) -> Vec<FieldError> {
+/// A one-pod `launcher`, and a `node` unless the launcher runs as the only node; with
+/// `mpi-webhook.io/worker-groups`, every group it names (`groups`: each with its replicatedJob,
+/// `None` when the annotation does not parse, which the settings report).
+fn shape_errors(
+    jobset: &JobSet,
+    launcher: Found<'_>,
+    groups: Option<&[(&str, Found<'_>)]>,
+) -> Vec<FieldError> {
     let mut errors = match launcher {
         Some((i, rjob)) => launcher_pod_errors(i, rjob),
         None => vec![FieldError::required(
@@ -148,8 +196,28 @@ fn shape_errors(jobset: &JobSet, launcher: Found<'_>, node: Found<'_>) -> Vec<Fi
             format!("JobSet mode needs a replicatedJob named {LAUNCHER:?}"),
         )],
     };
+    if let Some(text) = annotation(&jobset.metadata, WORKER_GROUPS_ANNOTATION) {
+        // Named groups must all exist, with or without the launcher as a node: a missing one
+        // is a typo, not a shape.
+        let missing = groups
+            .into_iter()
+            .flatten()
+            .filter(|(_, rjob)| rjob.is_none());
+        errors.extend(missing.map(|(name, _)| {
+            FieldError::invalid(
+                annotation_field(WORKER_GROUPS_ANNOTATION),
+                BadValue::Str(text.to_string()),
+                format!(
+                    "must name replicatedJobs of this JobSet: there is no replicatedJob {}",
+                    go_quote(name)
+                ),
+            )
+        }));
+        return errors;
+    }
     let run_launcher_as_node =
         annotation(&jobset.metadata, RUN_LAUNCHER_AS_NODE_ANNOTATION) == Some("true");
+    let node = groups.into_iter().flatten().find_map(|(_, rjob)| *rjob);
     if node.is_none() && !run_launcher_as_node {
         errors.push(FieldError::required(
             "spec.replicatedJobs",
@@ -161,8 +229,11 @@ fn shape_errors(jobset: &JobSet, launcher: Found<'_>, node: Found<'_>) -> Vec<Fi
     errors
 }
 
-/// The wired container exists in the launcher's and the workers' pod templates.
-fn container_errors(jobset: &JobSet, rjobs: [Found<'_>; 2]) -> Vec<FieldError> {
+/// The wired container exists in the launcher's and every worker group's pod templates.
+fn container_errors<'j>(
+    jobset: &JobSet,
+    rjobs: impl IntoIterator<Item = Found<'j>>,
+) -> Vec<FieldError> {
     let wired = WiredContainer::for_jobset(container(&jobset.metadata));
     rjobs
         .into_iter()
@@ -187,8 +258,8 @@ fn container_errors(jobset: &JobSet, rjobs: [Found<'_>; 2]) -> Vec<FieldError> {
         .collect()
 }
 
-/// Decision 8: the hostfile fits a ConfigMap; reported on the pod count of `rjob` (the workers,
-/// or the launcher when there are none).
+/// Decision 8: the hostfile fits a ConfigMap; reported on the pod count of `rjob` (the first
+/// worker group's, or the launcher's when there is none).
 fn hostfile_error(plan: &MpiPlan, rjob: Found<'_>) -> Option<FieldError> {
     let too_large = check_hostfile_size(plan).err()?;
     let (i, rjob) = rjob?;
@@ -251,12 +322,15 @@ fn reserved_env_error(
     )
 }
 
-fn waits_for_ready_nodes(launcher: &ReplicatedJob) -> bool {
-    launcher
-        .depends_on
-        .iter()
-        .flatten()
-        .any(|d| d.name == NODE && d.status == "Ready")
+/// Whether the launcher's `dependsOn` has every group of `groups` with `status: Ready`.
+fn waits_for_ready_groups(launcher: &ReplicatedJob, groups: &[String]) -> bool {
+    groups.iter().all(|group| {
+        launcher
+            .depends_on
+            .iter()
+            .flatten()
+            .any(|d| &d.name == group && d.status == "Ready")
+    })
 }
 
 /// The label on a JobSet a TrainJob controls: denied, its policy comes from the runtime.

@@ -6,9 +6,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::api::TRAINER_GROUP;
 use crate::api::runtime::DEFAULT_SSH_AUTH_MOUNT_PATH;
-use crate::field_error::{BadValue, FieldError};
+use crate::field_error::{BadValue, FieldError, go_quote};
 use crate::mpi::implementation::{self, DEFAULT_SSH_PORT, Implementation};
-use crate::mpi::{SSH_MOUNT_ON_HOSTFILE_DETAIL, mounts_over_hostfile};
+use crate::mpi::{LAUNCHER, NODE, SSH_MOUNT_ON_HOSTFILE_DETAIL, mounts_over_hostfile};
 
 /// The opt-in label; its value names the implementation (`OpenMPI`, `Intel`, `MPICH`).
 pub const IMPLEMENTATION_LABEL: &str = "mpi-webhook.io/implementation";
@@ -30,8 +30,13 @@ pub const PREFLIGHT_ANNOTATION: &str = "mpi-webhook.io/preflight";
 /// Annotation: `generated` (the default) or `image`, who sets up ssh: the webhook's init
 /// container, or the image (its sshd_config, host keys and client settings).
 pub const SSH_SETUP_ANNOTATION: &str = "mpi-webhook.io/ssh-setup";
+/// Annotation: the replicatedJobs whose pods are the MPI hosts, comma-separated, in hostfile
+/// order (Decision 19); absent means `node`.
+pub const WORKER_GROUPS_ANNOTATION: &str = "mpi-webhook.io/worker-groups";
+/// Annotation: slots per host of some worker groups, `<group>=<N>` comma-separated (Decision 19).
+pub const SLOTS_PER_GROUP_ANNOTATION: &str = "mpi-webhook.io/slots-per-group";
 /// Every annotation JobSet mode reads; like the label, fixed once the JobSet exists.
-pub const SETTING_ANNOTATIONS: [&str; 8] = [
+pub const SETTING_ANNOTATIONS: [&str; 10] = [
     SLOTS_PER_NODE_ANNOTATION,
     SSH_AUTH_MOUNT_PATH_ANNOTATION,
     RUN_LAUNCHER_AS_NODE_ANNOTATION,
@@ -40,6 +45,8 @@ pub const SETTING_ANNOTATIONS: [&str; 8] = [
     SSH_PORT_ANNOTATION,
     PREFLIGHT_ANNOTATION,
     SSH_SETUP_ANNOTATION,
+    WORKER_GROUPS_ANNOTATION,
+    SLOTS_PER_GROUP_ANNOTATION,
 ];
 
 /// Who sets up ssh in the pods (`mpi-webhook.io/ssh-setup`).
@@ -138,6 +145,22 @@ pub struct Settings {
     /// The annotation's `true`/`false`, or `true`: whether the launcher gets the pre-flight
     /// (when an image for it is configured).
     pub preflight: bool,
+    /// The worker groups' replicatedJob names, in hostfile order: the annotation's, or `node`.
+    pub worker_groups: Vec<String>,
+    /// The slots the `slots-per-group` annotation gives some groups, in its order.
+    pub slots_per_group: Vec<(String, i64)>,
+}
+
+impl Settings {
+    /// The slots of worker group `group` as far as the annotations say (Decision 19): its
+    /// `slots-per-group` entry, else `slots-per-node`; `None` to count its GPUs (Decision 3).
+    pub fn slots_of(&self, group: &str) -> Option<i64> {
+        self.slots_per_group
+            .iter()
+            .find(|(name, _)| name == group)
+            .map(|(_, slots)| *slots)
+            .or(self.slots_per_node)
+    }
 }
 
 /// The container the annotation names, if any (else each template's first is wired).
@@ -256,6 +279,10 @@ pub fn settings_with(metadata: &ObjectMeta, unset: SshSetup) -> Result<Settings,
             true
         }
     };
+    let groups = worker_groups(metadata).map_err(|e| errors.push(*e)).ok();
+    let slots_per_group = slots_per_group(metadata, groups.as_deref())
+        .map_err(|e| errors.push(*e))
+        .unwrap_or_default();
     match implementation {
         Some(implementation) if errors.is_empty() => Ok(Settings {
             implementation,
@@ -267,9 +294,108 @@ pub fn settings_with(metadata: &ObjectMeta, unset: SshSetup) -> Result<Settings,
             ssh_port,
             ssh_setup,
             preflight,
+            worker_groups: groups.unwrap_or_default(),
+            slots_per_group,
         }),
         _ => Err(errors),
     }
+}
+
+/// The worker groups `mpi-webhook.io/worker-groups` names, in order (spaces around a name
+/// ignored), or `node` when it is absent. Whether each names a replicatedJob of the JobSet is
+/// the rules' to say: the metadata does not know.
+///
+/// # Errors
+/// An Invalid-value field error for an empty list or name, a name given twice, or the launcher.
+pub fn worker_groups(metadata: &ObjectMeta) -> Result<Vec<String>, Box<FieldError>> {
+    let Some(text) = annotation(metadata, WORKER_GROUPS_ANNOTATION) else {
+        return Ok(vec![NODE.to_string()]);
+    };
+    let invalid = |detail: String| {
+        Box::new(FieldError::invalid(
+            annotation_field(WORKER_GROUPS_ANNOTATION),
+            BadValue::Str(text.to_string()),
+            detail,
+        ))
+    };
+    let names: Vec<String> = text.split(',').map(|n| n.trim().to_string()).collect();
+    if names.iter().any(String::is_empty) {
+        return Err(invalid(
+            "must be replicatedJob names separated by commas".into(),
+        ));
+    }
+    if let Some(twice) = first_repeated(names.iter().map(String::as_str)) {
+        return Err(invalid(format!(
+            "must name each replicatedJob once: {} is named twice",
+            go_quote(twice)
+        )));
+    }
+    // The launcher is a host only through run-launcher-as-node, which also gives it its line's
+    // place and its env; as a group it would get the workers' sshd command instead of mpirun.
+    if names.iter().any(|n| n == LAUNCHER) {
+        return Err(invalid(format!(
+            "must not name the launcher: set {RUN_LAUNCHER_AS_NODE_ANNOTATION} to make it a host too"
+        )));
+    }
+    Ok(names)
+}
+
+/// The `<group>=<N>` entries of `mpi-webhook.io/slots-per-group`, in order; none when it is
+/// absent. `groups`: the worker groups, when they parse (else an entry's group is not checked).
+///
+/// # Errors
+/// An Invalid-value field error for an entry that does not parse, a group given twice, or one
+/// that is not a worker group.
+pub fn slots_per_group(
+    metadata: &ObjectMeta,
+    groups: Option<&[String]>,
+) -> Result<Vec<(String, i64)>, Box<FieldError>> {
+    let Some(text) = annotation(metadata, SLOTS_PER_GROUP_ANNOTATION) else {
+        return Ok(Vec::new());
+    };
+    let invalid = |detail: String| {
+        Box::new(FieldError::invalid(
+            annotation_field(SLOTS_PER_GROUP_ANNOTATION),
+            BadValue::Str(text.to_string()),
+            detail,
+        ))
+    };
+    let entry = |item: &str| {
+        let (name, slots) = item.split_once('=')?;
+        let slots = slots.trim().parse::<i64>().ok().filter(|n| *n >= 1)?;
+        Some((name.trim().to_string(), slots)).filter(|(name, _)| !name.is_empty())
+    };
+    let entries: Option<Vec<(String, i64)>> = text.split(',').map(entry).collect();
+    let Some(entries) = entries else {
+        return Err(invalid(
+            "must be <group>=<slots> entries separated by commas, slots an integer >= 1".into(),
+        ));
+    };
+    if let Some(twice) = first_repeated(entries.iter().map(|(name, _)| name.as_str())) {
+        return Err(invalid(format!(
+            "must name each worker group once: {} is named twice",
+            go_quote(twice)
+        )));
+    }
+    let unknown = groups.and_then(|groups| {
+        entries
+            .iter()
+            .find(|(name, _)| !groups.contains(name))
+            .map(|(name, _)| name)
+    });
+    if let Some(unknown) = unknown {
+        return Err(invalid(format!(
+            "must name worker groups of {WORKER_GROUPS_ANNOTATION}: {} is not one",
+            go_quote(unknown)
+        )));
+    }
+    Ok(entries)
+}
+
+/// The first name of `names` that an earlier one repeats.
+fn first_repeated<'n>(names: impl Iterator<Item = &'n str>) -> Option<&'n str> {
+    let mut seen = std::collections::BTreeSet::new();
+    names.into_iter().find(|name| !seen.insert(*name))
 }
 
 /// The network-policy annotation: `Some(true)`, `Some(false)`, or `None` when absent.
@@ -332,6 +458,8 @@ mod tests {
                 ssh_port: 2222,
                 ssh_setup: SshSetup::Generated,
                 preflight: true,
+                worker_groups: vec!["node".into()],
+                slots_per_group: Vec::new(),
             }
         );
         let image = super::settings(&metadata(json!({
