@@ -1688,3 +1688,142 @@ async fn a_group_listed_after_the_launcher_means_no_dependson_and_a_warning_nami
         ])
     );
 }
+
+#[tokio::test]
+async fn worker_groups_that_do_not_parse_or_name_no_replicatedjob_are_denied() {
+    let cases = [
+        (
+            "small,,big",
+            r#"metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "small,,big": must be replicatedJob names separated by commas"#,
+        ),
+        (
+            "",
+            r#"metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "": must be replicatedJob names separated by commas"#,
+        ),
+        (
+            "small,big,small",
+            r#"metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "small,big,small": must name each replicatedJob once: "small" is named twice"#,
+        ),
+        (
+            "small,launcher",
+            r#"metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "small,launcher": must not name the launcher: set mpi-webhook.io/run-launcher-as-node to make it a host too"#,
+        ),
+        (
+            "small,gpu,big,cpu",
+            r#"[metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "small,gpu,big,cpu": must name replicatedJobs of this JobSet: there is no replicatedJob "gpu", metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "small,gpu,big,cpu": must name replicatedJobs of this JobSet: there is no replicatedJob "cpu"]"#,
+        ),
+    ];
+    for (groups, message) in cases {
+        let js = generated_jobset("OpenMPI", json!({GROUPS: groups}), group_rjobs());
+        assert_eq!(denial(js).await, message, "{groups:?}");
+    }
+    // Named, a group is required even with the launcher as a node; `node` is no group then.
+    let as_node = json!({GROUPS: "node", "mpi-webhook.io/run-launcher-as-node": "true"});
+    assert_eq!(
+        denial(generated_jobset("OpenMPI", as_node, group_rjobs())).await,
+        r#"metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "node": must name replicatedJobs of this JobSet: there is no replicatedJob "node""#
+    );
+}
+
+#[tokio::test]
+async fn slots_per_group_that_does_not_parse_or_names_no_group_is_denied() {
+    let cases = [
+        (
+            "big=0",
+            r#"metadata.annotations[mpi-webhook.io/slots-per-group]: Invalid value: "big=0": must be <group>=<slots> entries separated by commas, slots an integer >= 1"#,
+        ),
+        (
+            "big:3",
+            r#"metadata.annotations[mpi-webhook.io/slots-per-group]: Invalid value: "big:3": must be <group>=<slots> entries separated by commas, slots an integer >= 1"#,
+        ),
+        (
+            "=3",
+            r#"metadata.annotations[mpi-webhook.io/slots-per-group]: Invalid value: "=3": must be <group>=<slots> entries separated by commas, slots an integer >= 1"#,
+        ),
+        (
+            "big=2,big=3",
+            r#"metadata.annotations[mpi-webhook.io/slots-per-group]: Invalid value: "big=2,big=3": must name each worker group once: "big" is named twice"#,
+        ),
+        (
+            "big=2,launcher=1",
+            r#"metadata.annotations[mpi-webhook.io/slots-per-group]: Invalid value: "big=2,launcher=1": must name worker groups of mpi-webhook.io/worker-groups: "launcher" is not one"#,
+        ),
+    ];
+    for (slots, message) in cases {
+        let js = groups_jobset("OpenMPI", json!({SLOTS_PER_GROUP: slots}), group_rjobs());
+        assert_eq!(denial(js).await, message, "{slots:?}");
+    }
+    // Without worker-groups the one group is `node`, which an override may name.
+    let node = jobset("MPICH", json!({SLOTS_PER_GROUP: "node=2"}), rjobs());
+    assert_eq!(validate(node.clone()).await["allowed"], true);
+    assert_eq!(hostfile_of(&node), "pi-node-0-0.pi:2\npi-node-0-1.pi:2\n");
+}
+
+#[tokio::test]
+async fn every_group_must_have_the_wired_container() {
+    let mut rjobs = group_rjobs();
+    for i in [0, 2] {
+        rjobs[i]["template"]["spec"]["template"]["spec"]["containers"] =
+            json!([container("mpi", json!({}))]);
+    }
+    let js = groups_jobset("OpenMPI", json!({"mpi-webhook.io/container": "mpi"}), rjobs);
+    assert_eq!(
+        denial(js).await,
+        r#"spec.replicatedJobs[1].template.spec.template.spec.containers: Invalid value: "mpi": must contain the container named by annotation mpi-webhook.io/container"#
+    );
+    let mut rjobs = group_rjobs();
+    rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] = json!([]);
+    assert_eq!(
+        denial(groups_jobset("OpenMPI", json!({}), rjobs)).await,
+        "spec.replicatedJobs[1].template.spec.template.spec.containers: Required value: JobSet mode wires the first container of the launcher and node pod templates"
+    );
+}
+
+#[tokio::test]
+async fn a_hostfile_over_a_configmap_counts_every_group() {
+    // Each group alone fits (about 0.6 MiB); together they do not.
+    let mut rjobs = group_rjobs();
+    for i in [0, 1] {
+        rjobs[i]["template"]["spec"]["parallelism"] = json!(25_000);
+    }
+    let alone = |name: &str| {
+        let mut rjobs = group_rjobs();
+        rjobs[0]["template"]["spec"]["parallelism"] = json!(25_000);
+        rjobs[0]["name"] = json!(name);
+        let one = generated_jobset(
+            "OpenMPI",
+            json!({GROUPS: name}),
+            vec![rjobs.remove(0), rjobs.remove(1)],
+        );
+        hostfile(&plan(&one)).map(|text| text.len())
+    };
+    assert_eq!(alone("small"), Ok(688_890));
+    assert_eq!(
+        denial(groups_jobset("OpenMPI", json!({}), rjobs)).await,
+        "spec.replicatedJobs[0].template.spec.parallelism: Invalid value: 25000: the MPI hostfile would be 1327780 bytes, over the 1048576-byte limit of a ConfigMap"
+    );
+}
+
+#[tokio::test]
+async fn worker_groups_and_slots_per_group_are_immutable_on_update() {
+    let old = groups_jobset("OpenMPI", json!({SLOTS_PER_GROUP: "big=3"}), group_rjobs());
+    let same = review(
+        Route::ValidateJobSet,
+        "UPDATE",
+        old.clone(),
+        Some(old.clone()),
+    )
+    .await;
+    assert_eq!(same["allowed"], true);
+    let mut changed = old.clone();
+    changed["metadata"]["annotations"][GROUPS] = json!("big,small");
+    changed["metadata"]["annotations"]
+        .as_object_mut()
+        .expect("annotations")
+        .remove(SLOTS_PER_GROUP);
+    let response = review(Route::ValidateJobSet, "UPDATE", changed, Some(old)).await;
+    assert_eq!(
+        response["status"]["message"],
+        r#"[metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "big,small": field is immutable, metadata.annotations[mpi-webhook.io/slots-per-group]: Invalid value: "": field is immutable]"#
+    );
+}
