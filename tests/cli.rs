@@ -219,6 +219,60 @@ fn review_of_jobset_mode_samples_needs_no_objects_dir() {
     }
 }
 
+/// The worker-groups sample (Decision 19) as a user runs it offline: `review validate` allows it
+/// without a warning, `review mutate` wires both groups as `node` is and makes the launcher wait
+/// for both, and `render` prints the hostfile docs/jobset-mode.md shows, group by group with
+/// each group's slots.
+#[test]
+fn the_worker_groups_sample_is_admitted_wired_and_rendered() {
+    let file = "manifests/samples/reviews/jobset-mode-create-openmpi-groups.json";
+    let validated = stdout_json(&run(&["review", "validate", file], None));
+    assert_eq!(
+        validated["response"],
+        serde_json::json!({"uid": validated["response"]["uid"], "allowed": true, "status": {}})
+    );
+    let mutated = stdout_json(&run(&["review", "mutate", file], None));
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(mutated["response"]["patch"].as_str().expect("patch"))
+        .expect("base64");
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).expect("RFC 6902");
+    let review: Value =
+        serde_json::from_str(&std::fs::read_to_string(repo(file)).expect("review")).expect("JSON");
+    let mut jobset = review["request"]["object"].clone();
+    json_patch::patch(&mut jobset, &patch).expect("applies");
+    let rjobs = &jobset["spec"]["replicatedJobs"];
+    for group in [0, 1] {
+        let container = &rjobs[group]["template"]["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(
+            container["command"],
+            serde_json::json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"]),
+            "group {group}"
+        );
+        assert_eq!(
+            container["readinessProbe"],
+            serde_json::json!({"tcpSocket": {"port": 2222}}),
+            "group {group}"
+        );
+    }
+    assert_eq!(
+        rjobs[2]["dependsOn"],
+        serde_json::json!([{"name": "node-small", "status": "Ready"},
+                           {"name": "node-big", "status": "Ready"}])
+    );
+    let dir = manifests_dir(&["samples/jobset-pi-openmpi-groups.yaml"]);
+    let docs = rendered(dir.path());
+    let hostfile = docs
+        .iter()
+        .find(|d| d["kind"] == "ConfigMap")
+        .map(|d| d["data"]["hostfile"].clone());
+    assert_eq!(
+        hostfile,
+        Some(serde_json::json!(
+            "pi-groups-node-small-0-0.pi-groups slots=1\npi-groups-node-small-0-1.pi-groups slots=1\npi-groups-node-big-0-0.pi-groups slots=3\n"
+        ))
+    );
+}
+
 /// `review mutate --preflight-image` on the minimal OpenMPI sample (`ssh-port: "2222"`, nothing
 /// else set): the patch fills in exactly the defaults of docs/jobset-mode.md "Defaults", the
 /// pre-flight only with an image, and that init container meets the restricted Pod

@@ -920,11 +920,12 @@ fn sample_reviews_are_the_three_documented_cases() {
 /// (`scripts/sample-reviews.py` writes it).
 #[test]
 fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
-    // The restricted sample has tests of its own (below).
+    // The restricted and worker-groups samples have tests of their own (below).
     let samples: Vec<Value> = data_files(&manifests().join("samples"))
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
         .filter(|p| !p.to_string_lossy().ends_with("-restricted.yaml"))
+        .filter(|p| !p.to_string_lossy().ends_with("-groups.yaml"))
         .flat_map(|p| docs(p))
         .filter(|d| d["kind"] == "JobSet")
         .collect();
@@ -994,6 +995,49 @@ fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
         assert_eq!(review["request"]["operation"], "CREATE", "{name}");
         assert_eq!(&review["request"]["object"], jobset, "{name}");
     }
+}
+
+/// `jobset-pi-openmpi-groups.yaml` (Decision 19): two worker groups with their own node
+/// selectors, listed before the launcher (so the webhook can add its dependsOn on both), 2 hosts
+/// of 1 slot and 1 host of 3; its review carries exactly it.
+#[test]
+fn the_worker_groups_sample_has_two_groups_before_the_launcher_and_its_review() {
+    let sample = docs(&manifests().join("samples/jobset-pi-openmpi-groups.yaml")).remove(0);
+    assert_eq!(
+        sample["metadata"]["annotations"],
+        json!({
+            "mpi-webhook.io/worker-groups": "node-small,node-big",
+            "mpi-webhook.io/slots-per-group": "node-big=3"
+        })
+    );
+    let rjobs = sample["spec"]["replicatedJobs"].as_array().expect("rjobs");
+    let shape: Vec<(&str, &Value, &Value)> = rjobs
+        .iter()
+        .map(|r| {
+            let job = &r["template"]["spec"];
+            (
+                r["name"].as_str().expect("name"),
+                &job["parallelism"],
+                &job["template"]["spec"]["nodeSelector"],
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            (
+                "node-small",
+                &json!(2),
+                &json!({"example.com/pool": "small"})
+            ),
+            ("node-big", &json!(1), &json!({"example.com/pool": "big"})),
+            ("launcher", &Value::Null, &Value::Null),
+        ]
+    );
+    let review =
+        docs(&manifests().join("samples/reviews/jobset-mode-create-openmpi-groups.json")).remove(0);
+    assert_eq!(review["request"]["operation"], "CREATE");
+    assert_eq!(review["request"]["object"], sample);
 }
 
 /// `jobset-pi-openmpi-restricted.yaml`: its review carries exactly it, and every pod of it, as
@@ -1243,7 +1287,7 @@ fn patched_sample_jobsets_are_what_the_apiserver_takes() {
             }
         }
     }
-    assert_eq!(files.len(), 5 * 2 * 2, "five sample JobSet reviews");
+    assert_eq!(files.len(), 6 * 2 * 2, "six sample JobSet reviews");
     validate_schemas(&files);
 }
 

@@ -212,6 +212,7 @@ async fn jobset_mode_jobsets_are_stored_patched_and_their_pods_validate() {
         "jobset-mode-create-openmpi.json",
         "jobset-mode-create-mpich.json",
         "jobset-mode-create-intel.json",
+        "jobset-mode-create-openmpi-groups.json",
     ] {
         let stored = create_patched(plane, &webhook, review, &ns).await;
         pods_validate(plane, &stored).await;
