@@ -36,10 +36,23 @@ pub struct Implementation {
     /// `<pod>` instead of `<pod>.<subdomain>`: Hydra only recognises itself by its host name and
     /// would otherwise SSH to the launcher, which runs no sshd (found on MPICH 4 and Intel MPI).
     pub launcher_listed_by_pod_hostname: bool,
+    /// What the user's launcher command needs for hosts of different slots (worker groups,
+    /// Decision 19) when this implementation's env alone gives every host the same count.
+    pub uneven_slots: Option<UnevenSlots>,
     /// Whether stock Kubeflow Trainer's controller (through 8c0f5059) builds a JobSet for a
     /// TrainJob with this implementation. It supports Open MPI only and errors before building
     /// for anything else, so such TrainJobs wait forever; admission warns (Decision 16).
     pub built_by_trainer: bool,
+}
+
+/// A launcher that places the same number of ranks on every host of its host file, whatever
+/// each line's count, unless its command names the file with `flag` (admission warns).
+#[derive(Debug, PartialEq, Eq)]
+pub struct UnevenSlots {
+    /// The launcher flag that reads the hostfile with each line's count.
+    pub flag: &'static str,
+    /// Why the env is not enough, for the warning.
+    pub why: &'static str,
 }
 
 /// The port sshd listens on unless told otherwise, and that ssh uses without `-p`.
@@ -76,6 +89,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         name: "OpenMPI",
         slots_separator: " slots=",
         launcher_listed_by_pod_hostname: false,
+        uneven_slots: None,
         built_by_trainer: true,
         launcher_env: &[
             // Open MPI 4 (ORTE), exactly upstream's four.
@@ -96,6 +110,13 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         name: "Intel",
         slots_separator: ":",
         launcher_listed_by_pod_hostname: true,
+        // Proven on Intel MPI 2021 (tests/mpi_launchers, worker groups): with
+        // I_MPI_HYDRA_HOST_FILE it starts I_MPI_PERHOST ranks on every host (all its cores
+        // without it), ignoring `:N`; `-machinefile` keeps each host's `:N`.
+        uneven_slots: Some(UnevenSlots {
+            flag: "-machinefile",
+            why: "Intel MPI starts I_MPI_PERHOST ranks on every host of I_MPI_HYDRA_HOST_FILE, whatever its slots",
+        }),
         built_by_trainer: false,
         launcher_env: &[
             fixed("I_MPI_HYDRA_HOST_FILE", super::HOSTFILE_PATH),
@@ -111,6 +132,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         name: "MPICH",
         slots_separator: ":",
         launcher_listed_by_pod_hostname: true,
+        uneven_slots: None,
         built_by_trainer: false,
         launcher_env: &[
             fixed("HYDRA_HOST_FILE", super::HOSTFILE_PATH),

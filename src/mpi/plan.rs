@@ -293,6 +293,19 @@ impl MpiPlan {
             || (pod_set.name == LAUNCHER && self.run_launcher_as_node)
     }
 
+    /// Whether the hostfile gives its hosts different slots (worker groups of different slots,
+    /// or the launcher as a node with other slots than theirs).
+    pub fn uneven_slots(&self) -> bool {
+        let listed = self.hostfile_pod_sets();
+        let mut slots = listed
+            .iter()
+            .filter(|(p, _)| p.replicas > 0 && p.count > 0)
+            .map(|(_, slots)| *slots);
+        slots
+            .next()
+            .is_some_and(|first| slots.any(|other| other != first))
+    }
+
     /// The pod sets the hostfile lists, in its order, with the slots of each of their hosts:
     /// the worker groups in their order, and the launcher, when it runs as a node, before them
     /// when it is listed before the first group's pod set, else after them (Decision 19; for

@@ -31,6 +31,11 @@
 //! pre-flight, the binary under test as the image's, as its user) to completion before its
 //! command, as kubelet does.
 //!
+//! Worker groups (Decision 19): a JobSet of two groups of different slots, at an arbitrary UID
+//! with the generated ssh setup; each host must get exactly its group's slots (Intel MPI with
+//! `-machinefile`, as docs/jobset-mode.md tells its users), and a hostfile that leaves a group
+//! out must leave that group's hosts without a rank.
+//!
 //! Negative controls: Open MPI 5 with only upstream's four OMPI_MCA_orte_* vars keeps the ranks
 //! on the launcher (kubeflow/trainer#4028) and the job still "succeeds"; a JobSet-mode run with
 //! TrainJob mode's `id_rsa` 0640 fails as root, ssh refusing the key; and the pre-flight, given a
@@ -102,6 +107,10 @@ enum Wiring {
     /// `ssh-setup: image` in pods at a UID the image does not know: what users hit today, ssh
     /// exiting with "No user exists for uid" (and the workers' sshd unable to start).
     ImageAtAnyUid,
+    /// Worker groups, but the hostfile the launcher reads leaves the last group out: mpirun
+    /// places no rank on that group's hosts, so the placement the documented hostfile gives is
+    /// not met (the check the `Product` case passes can fail).
+    GroupLeftOut,
 }
 
 impl Wiring {
@@ -247,10 +256,19 @@ fn scenario(
         Mode::TrainJob => format!("{}-{lan_part}", l.id),
         Mode::JobSet(_) => format!("{}-js-{lan_part}", l.id),
     };
-    let command = vec![
+    let mut command = vec![
         l.program.to_string_lossy().into_owned(),
         probe.to_string_lossy().into_owned(),
     ];
+    // Worker groups of different slots on Intel MPI: the flag docs/jobset-mode.md tells the
+    // user to add (and admission warns without), since I_MPI_PERHOST applies to every host of
+    // I_MPI_HYDRA_HOST_FILE.
+    if let (Mode::JobSet(JobSetShape { groups: true, .. }), "Intel") = (mode, l.implementation) {
+        command.splice(
+            1..1,
+            ["-machinefile".to_string(), "/etc/mpi/hostfile".to_string()],
+        );
+    }
     let inputs = product::inputs(l, mode, &name, lan, command);
     let mut products = product::run(&inputs, work.path())?;
     if let Some(file) = std::env::var_os(EXPERIMENT_VAR) {
@@ -318,6 +336,23 @@ fn scenario(
             hostfile == want,
             "JobSet mode's hostfile is\n{hostfile}\nexpected\n{want}"
         );
+    }
+    if wiring == Wiring::GroupLeftOut {
+        // The ConfigMap the launcher's pod mounts, less the last group's lines.
+        let (left_out, _, _) = product::GROUPS[product::GROUPS.len() - 1];
+        let host = format!("{name}-{left_out}-");
+        let kept: String = hostfile
+            .lines()
+            .filter(|line| !line.starts_with(&host))
+            .map(|line| format!("{line}\n"))
+            .collect();
+        ensure!(kept != hostfile, "the hostfile has no {left_out} line");
+        let cm = products
+            .rendered
+            .iter_mut()
+            .find(|o| o["kind"] == "ConfigMap")
+            .context("render printed no ConfigMap")?;
+        cm["data"]["hostfile"] = serde_json::json!(kept);
     }
 
     let mut cluster = Cluster::create(tag, plans, work.path(), mode.image())?;
@@ -479,7 +514,9 @@ fn scenario(
             std::os::unix::fs::chown(&known_hosts, Some(meta.uid()), Some(meta.gid()))?;
         }
     }
-    if let (Mode::JobSet(shape), false) = (mode, shape_skips_preflight(mode)) {
+    // A hostfile that leaves a group out has the pre-flight check only the hosts it lists.
+    let preflight_checks_all = !shape_skips_preflight(mode) && wiring != Wiring::GroupLeftOut;
+    if let (Mode::JobSet(shape), true) = (mode, preflight_checks_all) {
         // Every host answered: the launcher's own name resolved, every worker's sshd on the port.
         let sshd = preflight_lines
             .iter()
@@ -675,11 +712,23 @@ fn scenario(
                     product::ANY_UID
                 ));
             }
+            if shape.groups {
+                let groups: Vec<String> = product::GROUPS
+                    .iter()
+                    .map(|(rj, hosts, slots)| format!("{rj} {hosts}x{slots}"))
+                    .collect();
+                set.push(format!(
+                    "{}: {}",
+                    product::WORKER_GROUPS_ANNOTATION,
+                    groups.join(", ")
+                ));
+            }
             format!(" ({})", set.join(", "))
         }
         Mode::TrainJob => String::new(),
     };
     let slots = mode.slots();
+    let mode_of = mode;
     let mode = format!("{} runLauncherAsNode={lan}", mode.label());
 
     match wiring {
@@ -690,7 +739,13 @@ fn scenario(
                 .collect();
             let mut world: Vec<String> = (0..ranks.len()).map(|i| i.to_string()).collect();
             world.sort_unstable();
-            if per_host != want || rank_ids != world || want.values().any(|n| *n != slots) {
+            // Worker groups: each host its group's slots, which `want` (the documented
+            // hostfile's) holds; otherwise every host the mode's slots.
+            let uniform = !matches!(mode_of, Mode::JobSet(JobSetShape { groups: true, .. }));
+            if per_host != want
+                || rank_ids != world
+                || (uniform && want.values().any(|n| *n != slots))
+            {
                 return Err(fail(format!(
                     "ranks per host {per_host:?} (rank ids {rank_ids:?}), hostfile says {want:?}, \
                      {slots} per host expected"
@@ -702,6 +757,28 @@ fn scenario(
                     l.label,
                     per_host.len(),
                     want.len()
+                ),
+            })
+        }
+        Wiring::GroupLeftOut => {
+            let (left_out, _, _) = product::GROUPS[product::GROUPS.len() - 1];
+            let missed: Vec<&String> = expected_pods
+                .iter()
+                .filter(|(_, (host, _))| host.starts_with(&format!("{name}-{left_out}-")))
+                .map(|(pod, _)| pod)
+                .collect();
+            let reached = missed.iter().filter(|p| per_host.contains_key(**p)).count();
+            if missed.is_empty() || reached != 0 || per_host.is_empty() {
+                return Err(fail(format!(
+                    "negative control: expected no rank on {left_out}'s hosts {missed:?}, got {per_host:?}"
+                )));
+            }
+            Ok(Outcome {
+                line: format!(
+                    "{:<10} {version:<10} {mode:<38} hostfile without {left_out}: exit 0, {left_out} \
+                     hosts reached 0/{} ranks per host: {placement} (the documented placement fails)",
+                    l.label,
+                    missed.len(),
                 ),
             })
         }
@@ -778,8 +855,10 @@ fn check_jobset_mode_patch(
         .collect();
     // `generated`: no per-item mode, the volume's 0444 (only the init container mounts it).
     let key_mode = (!generated).then_some(0o600);
-    let want: Vec<(String, Option<u64>)> = ["node", "launcher"]
+    let workers = mode.worker_rjobs();
+    let want: Vec<(String, Option<u64>)> = workers
         .iter()
+        .chain(&["launcher"])
         .map(|rj| (rj.to_string(), key_mode))
         .collect();
     ensure!(
@@ -793,23 +872,30 @@ fn check_jobset_mode_patch(
         let port = shape.ssh_port();
         let pod =
             |i: usize| &after["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
-        let worker = product::container(pod(0), mode.wired_container("node"))?;
+        // The workers (every worker group, Decision 19) are listed first, then the launcher.
+        let l = workers.len();
         let sshd = if generated {
             serde_json::json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
         } else {
             serde_json::json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()])
         };
+        for (w, rj) in workers.iter().enumerate() {
+            let worker = product::container(pod(w), mode.wired_container(rj))?;
+            ensure!(
+                worker["command"] == sshd
+                    && worker.get("args").is_none()
+                    && worker["readinessProbe"] == serde_json::json!({"tcpSocket": {"port": port}}),
+                "the workers' defaults for port {port} in {rj}: {worker}"
+            );
+        }
+        let depends_on: Vec<serde_json::Value> = workers
+            .iter()
+            .map(|rj| serde_json::json!({"name": rj, "status": "Ready"}))
+            .collect();
         ensure!(
-            worker["command"] == sshd
-                && worker.get("args").is_none()
-                && worker["readinessProbe"] == serde_json::json!({"tcpSocket": {"port": port}}),
-            "the workers' defaults for port {port}: {worker}"
-        );
-        ensure!(
-            after["spec"]["replicatedJobs"][1]["dependsOn"]
-                == serde_json::json!([{"name": "node", "status": "Ready"}]),
+            after["spec"]["replicatedJobs"][l]["dependsOn"] == serde_json::json!(depends_on),
             "the launcher's dependsOn: {}",
-            after["spec"]["replicatedJobs"][1]["dependsOn"]
+            after["spec"]["replicatedJobs"][l]["dependsOn"]
         );
         let init_names = |i: usize| -> Vec<String> {
             pod(i)["initContainers"]
@@ -828,15 +914,16 @@ fn check_jobset_mode_patch(
         if !shape.no_preflight {
             want_launcher.push("mpi-preflight");
         }
-        ensure!(
-            init_names(1) == want_launcher && init_names(0) == want_worker,
-            "the init containers: launcher {:?}, workers {:?}; expected {want_launcher:?}, {want_worker:?}",
-            init_names(1),
-            init_names(0)
-        );
+        for w in 0..l {
+            ensure!(
+                init_names(l) == want_launcher && init_names(w) == want_worker,
+                "the init containers: launcher {:?}, workers {:?}; expected {want_launcher:?}, {want_worker:?}",
+                init_names(l),
+                init_names(w)
+            );
+        }
         // `generated`: the wired containers never see the Secret, only what the setup wrote.
-        for i in [0, 1] {
-            let rj = if i == 0 { "node" } else { "launcher" };
+        for (i, rj) in workers.iter().chain(&["launcher"]).enumerate() {
             let mounts = &product::container(pod(i), mode.wired_container(rj))?["volumeMounts"];
             let secret = mounts
                 .as_array()
@@ -849,7 +936,7 @@ fn check_jobset_mode_patch(
                 shape.ssh_setup
             );
         }
-        let launcher = product::container(pod(1), mode.wired_container("launcher"))?;
+        let launcher = product::container(pod(l), mode.wired_container("launcher"))?;
         let env = product::env_of(launcher)?;
         let args: Vec<&String> = env
             .iter()
@@ -950,6 +1037,8 @@ enum Suite {
     Main,
     /// JobSet mode's `generated` ssh setup: pods at an arbitrary UID, and as root.
     AnyUid,
+    /// Worker groups (Decision 19): one mpirun across two groups of different slots.
+    WorkerGroups,
 }
 
 /// Both suites create network namespaces named by the process and a counter, and load the same
@@ -968,6 +1057,29 @@ fn mpi_launchers() {
 #[test]
 fn mpi_launchers_any_uid() {
     run_suite(Suite::AnyUid);
+}
+
+/// Every family runs one mpirun across two worker groups (2 hosts of 1 slot, 1 host of 2) with
+/// the generated ssh setup at UID 1000650000, and places on each host exactly the slots the
+/// documented hostfile gives it; the negative control, a hostfile that leaves the second group
+/// out, reaches none of its hosts (once per hostfile syntax).
+#[test]
+fn mpi_launchers_worker_groups() {
+    run_suite(Suite::WorkerGroups);
+}
+
+/// `mpi_launchers_worker_groups`' cases of launcher `l`.
+fn worker_groups_cases(l: &Launcher) -> Vec<(Mode, bool, Wiring)> {
+    let groups = Mode::JobSet(JobSetShape {
+        any_uid: true,
+        groups: true,
+        ..JobSetShape::default()
+    });
+    let mut cases = vec![(groups, false, Wiring::Product)];
+    if matches!(l.id, "ompi4" | "mpich4") {
+        cases.push((groups, false, Wiring::GroupLeftOut));
+    }
+    cases
 }
 
 /// `mpi_launchers`' cases of launcher `l`: TrainJob mode, and JobSet mode with `ssh-setup:
@@ -1145,6 +1257,8 @@ fn run_suite(suite: Suite) {
                 Vec::new()
             }
             Suite::AnyUid => any_uid_cases(l),
+            Suite::WorkerGroups if spec_model => Vec::new(),
+            Suite::WorkerGroups => worker_groups_cases(l),
         };
         for (mode, lan, wiring) in cases {
             let mut n = CASES_RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;

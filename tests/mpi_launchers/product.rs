@@ -54,7 +54,17 @@ pub struct JobSetShape {
     pub any_uid: bool,
     /// `mpi-webhook.io/preflight: "false"`.
     pub no_preflight: bool,
+    /// Two worker groups (Decision 19) instead of `node`: [`GROUPS`], named by
+    /// `mpi-webhook.io/worker-groups`, the second's slots from `mpi-webhook.io/slots-per-group`.
+    pub groups: bool,
 }
+
+/// The worker groups of [`JobSetShape::groups`]: (replicatedJob, hosts, slots per host). 2 hosts
+/// of 1 slot and 1 host of 2: the machine's cores bound a host's slots (Open MPI 5 refuses more
+/// ranks on a host than it has cores), and 1 against 2 still tells the groups' slots apart.
+pub const GROUPS: [(&str, u32, u32); 2] = [("node-small", 2, 1), ("node-big", 1, 2)];
+pub const WORKER_GROUPS_ANNOTATION: &str = "mpi-webhook.io/worker-groups";
+pub const SLOTS_PER_GROUP_ANNOTATION: &str = "mpi-webhook.io/slots-per-group";
 
 /// The UID OpenShift's `restricted-v2` would assign (the first of a namespace's range).
 pub const ANY_UID: u32 = 1_000_650_000;
@@ -68,6 +78,7 @@ impl JobSetShape {
         ssh_setup: Some("image"),
         any_uid: false,
         no_preflight: false,
+        groups: false,
     };
 
     /// Whether the webhook's init container sets up ssh.
@@ -190,6 +201,15 @@ impl Mode {
             }) => c,
             Mode::JobSet(_) if rjob == "launcher" => "launcher",
             Mode::JobSet(_) => "node",
+        }
+    }
+
+    /// The replicatedJobs of the workers, in the order the JobSet lists them (before the
+    /// launcher): `node`, or the worker groups.
+    pub fn worker_rjobs(self) -> Vec<&'static str> {
+        match self {
+            Mode::JobSet(shape) if shape.groups => GROUPS.iter().map(|(rj, _, _)| *rj).collect(),
+            _ => vec!["node"],
         }
     }
 
@@ -397,6 +417,31 @@ fn jobset_mode_inputs(
     if shape.no_preflight {
         annotations.insert(PREFLIGHT_ANNOTATION.into(), json!("false"));
     }
+    let worker_rjob = |rjob: &str, pods: u32| {
+        json!({"name": rjob, "template": {"spec": {
+            "parallelism": pods,
+            "completions": pods,
+            "template": {"spec": {"restartPolicy": "OnFailure", "containers": containers(worker.clone())}}
+        }}})
+    };
+    let mut rjobs = vec![worker_rjob("node", workers)];
+    if shape.groups {
+        let names: Vec<&str> = GROUPS.iter().map(|(rj, _, _)| *rj).collect();
+        annotations.insert(WORKER_GROUPS_ANNOTATION.into(), json!(names.join(",")));
+        let (big, _, slots) = GROUPS[1];
+        annotations.insert(
+            SLOTS_PER_GROUP_ANNOTATION.into(),
+            json!(format!("{big}={slots}")),
+        );
+        rjobs = GROUPS
+            .iter()
+            .map(|(rj, pods, _)| worker_rjob(rj, *pods))
+            .collect();
+    }
+    rjobs.push(json!({"name": "launcher",
+    "template": {"spec": {
+        "template": {"spec": {"restartPolicy": "OnFailure", "containers": containers(launcher)}}
+    }}}));
     let jobset = json!({
         "apiVersion": "jobset.x-k8s.io/v1alpha2",
         "kind": "JobSet",
@@ -409,17 +454,7 @@ fn jobset_mode_inputs(
         },
         "spec": {
             "successPolicy": {"operator": "All", "targetReplicatedJobs": ["launcher"]},
-            "replicatedJobs": [
-                {"name": "node", "template": {"spec": {
-                    "parallelism": workers,
-                    "completions": workers,
-                    "template": {"spec": {"restartPolicy": "OnFailure", "containers": containers(worker)}}
-                }}},
-                {"name": "launcher",
-                 "template": {"spec": {
-                    "template": {"spec": {"restartPolicy": "OnFailure", "containers": containers(launcher)}}
-                 }}},
-            ]
+            "replicatedJobs": rjobs
         }
     });
     Inputs {
@@ -444,19 +479,30 @@ pub fn jobset_mode_hostfile(
     } else {
         NUM_NODES
     };
-    let mut hosts: Vec<String> = (0..workers)
-        .map(|p| format!("{name}-node-0-{p}.{name}"))
+    let slots = mode.slots();
+    let mut hosts: Vec<(String, u32)> = (0..workers)
+        .map(|p| (format!("{name}-node-0-{p}.{name}"), slots))
         .collect();
+    // Worker groups (docs/jobset-mode.md "Worker groups"): group by group in the annotation's
+    // order, each host with its group's slots.
+    if let Mode::JobSet(JobSetShape { groups: true, .. }) = mode {
+        hosts = GROUPS
+            .iter()
+            .flat_map(|(rj, pods, slots)| {
+                (0..*pods).map(move |p| (format!("{name}-{rj}-0-{p}.{name}"), *slots))
+            })
+            .collect();
+    }
     if run_launcher_as_node {
-        hosts.push(match l.implementation {
+        let host = match l.implementation {
             "OpenMPI" => format!("{name}-launcher-0-0.{name}"),
             _ => format!("{name}-launcher-0-0"),
-        });
+        };
+        hosts.push((host, slots));
     }
-    let slots = mode.slots();
     hosts
         .iter()
-        .map(|h| match l.implementation {
+        .map(|(h, slots)| match l.implementation {
             "OpenMPI" => format!("{h} slots={slots}\n"),
             _ => format!("{h}:{slots}\n"),
         })

@@ -1827,3 +1827,39 @@ async fn worker_groups_and_slots_per_group_are_immutable_on_update() {
         r#"[metadata.annotations[mpi-webhook.io/worker-groups]: Invalid value: "big,small": field is immutable, metadata.annotations[mpi-webhook.io/slots-per-group]: Invalid value: "": field is immutable]"#
     );
 }
+
+#[tokio::test]
+async fn intel_with_groups_of_different_slots_warns_unless_mpirun_reads_the_machinefile() {
+    let annotations = json!({SLOTS_PER_GROUP: "big=2"});
+    let warnings = |implementation: &str, annotations: Value, command: Value| {
+        let mut rjobs = group_rjobs();
+        rjobs[2]["template"]["spec"]["template"]["spec"]["containers"][0]["command"] = command;
+        let js = groups_jobset(implementation, annotations, rjobs);
+        async move { validate(js).await.get("warnings").cloned() }
+    };
+    assert_eq!(
+        warnings("Intel", annotations.clone(), json!(["mpirun", "hostname"])).await,
+        Some(json!([
+            "spec.replicatedJobs[2].template.spec.template.spec.containers[0].command: Intel MPI starts I_MPI_PERHOST ranks on every host of I_MPI_HYDRA_HOST_FILE, whatever its slots: with worker groups of different slots, add -machinefile /etc/mpi/hostfile to the launcher's command"
+        ]))
+    );
+    let machinefile = json!(["mpirun", "-machinefile", "/etc/mpi/hostfile", "hostname"]);
+    assert_eq!(
+        warnings("Intel", annotations.clone(), machinefile).await,
+        None
+    );
+    let script = json!(["sh", "-c", "mpirun -machinefile /etc/mpi/hostfile hostname"]);
+    assert_eq!(warnings("Intel", annotations.clone(), script).await, None);
+    // Open MPI and MPICH keep each line's slots; equal slots need nothing.
+    for implementation in ["OpenMPI", "MPICH"] {
+        let command = json!(["mpirun", "hostname"]);
+        assert_eq!(
+            warnings(implementation, annotations.clone(), command).await,
+            None
+        );
+    }
+    assert_eq!(
+        warnings("Intel", json!({}), json!(["mpirun", "hostname"])).await,
+        None
+    );
+}

@@ -9,7 +9,7 @@ use crate::field_error::{BadValue, FieldError, go_quote};
 use crate::mpi::hostfile::check_hostfile_size;
 use crate::mpi::plan::{MpiPlan, WiredContainer};
 use crate::mpi::validate::reserved_env_names_error;
-use crate::mpi::{LAUNCHER, NODE, SSH_AUTH_VOLUME};
+use crate::mpi::{HOSTFILE_PATH, LAUNCHER, NODE, SSH_AUTH_VOLUME};
 use crate::raw_json::RawJson;
 
 use super::settings::*;
@@ -73,6 +73,9 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
         let plan = MpiPlan::from_settings(jobset, settings);
         if let Some((i, rjob)) = launcher {
             errors.extend(reserved_env_error(i, rjob, raw, &plan));
+            checked
+                .warnings
+                .extend(uneven_slots_warning(i, rjob, raw, &plan));
         }
         let first_group = group_jobs.iter().copied().flatten().next();
         errors.extend(hostfile_error(&plan, first_group.or(launcher)));
@@ -102,6 +105,37 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
         }
     }
     checked
+}
+
+/// Worker groups of different slots on an implementation whose launcher env gives every host the
+/// same count (the table's `uneven_slots`), and a launcher command that does not name the flag
+/// that keeps each host's own: the ranks would not land as the hostfile says.
+fn uneven_slots_warning(
+    i: usize,
+    launcher: &ReplicatedJob,
+    raw: &RawJson<'_>,
+    plan: &MpiPlan,
+) -> Option<String> {
+    let needs = plan.implementation.uneven_slots.as_ref()?;
+    let (c, _) = plan.wired_container.container_in(launcher)?;
+    let container = format!("/spec/replicatedJobs/{i}/template/spec/template/spec/containers/{c}");
+    // A word of the command or args, `sh -c` scripts included.
+    let named = ["command", "args"].iter().any(|key| {
+        raw.at(&format!("{container}/{key}"))
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .any(|word| word.contains(needs.flag))
+    });
+    (plan.uneven_slots() && !named).then(|| {
+        format!(
+            "{}: {}: with worker groups of different slots, add {} {HOSTFILE_PATH} to the launcher's command",
+            replicated_job_field(i, &format!("{CONTAINERS}[{c}].command")),
+            needs.why,
+            needs.flag
+        )
+    })
 }
 
 /// The warning for a launcher at index `i` that does not wait for Ready workers of `groups`;
