@@ -1863,3 +1863,21 @@ async fn intel_with_groups_of_different_slots_warns_unless_mpirun_reads_the_mach
         None
     );
 }
+
+#[test]
+fn the_network_policy_admits_every_groups_pods_by_the_jobsets_name() {
+    // JobSet labels every pod of every replicatedJob with the JobSet's name: the policy selects
+    // and admits by that label alone, so no group is left out and none needs naming.
+    let typed: JobSet =
+        serde_json::from_value(groups_jobset("OpenMPI", json!({}), group_rjobs())).expect("JobSet");
+    let policy = mpi_webhook::mpi::objects_for::jobset_network_policy(&typed, true)
+        .expect("builds")
+        .expect("on");
+    let spec = serde_json::to_value(policy.spec).expect("JSON");
+    let own = json!({"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "pi"}});
+    assert_eq!(
+        spec,
+        json!({"podSelector": own, "policyTypes": ["Ingress"],
+               "ingress": [{"from": [{"podSelector": own}]}]})
+    );
+}
