@@ -5,7 +5,8 @@
 # and missing, and, when the team's envtest folder (next to the repository) exists,
 # kube-apiserver and kube-controller-manager unpacked into target/envtest with their SHA256
 # checked (skipped when present and matching). Elsewhere `setup-envtest use 1.36.x -p path`
-# fills a KUBEBUILDER_ASSETS directory.
+# fills a KUBEBUILDER_ASSETS directory. As root, last: umoci and mmdebstrap from Debian, then the test
+# cluster's OCI image archives (scripts/build-test-images.sh: pause and the MPI images, cached).
 # The README's test command is this script followed by `cargo test --locked`.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,4 +45,16 @@ if [ -d "$envtest_src" ]; then
   fi
   etcd_bin="$(command -v etcd)"
   ln -sf "$etcd_bin" target/envtest/etcd
+fi
+
+# The test cluster's images (target/cluster-images); building them needs root.
+if [ "$(id -u)" = 0 ]; then
+  if ! command -v umoci >/dev/null 2>&1 || ! command -v mmdebstrap >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends umoci mmdebstrap >/dev/null
+  fi
+  ./scripts/build-test-images.sh
+else
+  echo "install-test-deps: not root: the test cluster's images (scripts/build-test-images.sh) not built"
 fi
