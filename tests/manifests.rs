@@ -718,6 +718,18 @@ const VENDORED: &[(&str, &str)] = &[
         "tests/fixtures/upstream/jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
         "jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
     ),
+    (
+        "tests/fixtures/upstream/jobset/config/components/webhook/manifests.yaml",
+        "jobset/config/components/webhook/manifests.yaml",
+    ),
+    (
+        "tests/fixtures/upstream/jobset/config/components/webhook/patches/mutating-patch.yaml",
+        "jobset/config/components/webhook/patches/mutating-patch.yaml",
+    ),
+    (
+        "tests/fixtures/upstream/jobset/config/components/webhook/patches/validating-patch.yaml",
+        "jobset/config/components/webhook/patches/validating-patch.yaml",
+    ),
 ];
 
 #[test]
