@@ -17,6 +17,7 @@
 #   mpi-openmpi  localhost/mpi-openmpi:test          mpi-openmpi.tar  mpirun = Open MPI 4.1 (Debian)
 #   mpi-mpich    localhost/mpi-mpich:test            mpi-mpich.tar    mpirun = MPICH 4.0 Hydra (Debian)
 #   mpi-intel    localhost/mpi-intel:test            mpi-intel.tar    mpirun = Intel MPI 2021.19 (PyPI)
+#   mpi-trainer  localhost/mpi-trainer:test          mpi-trainer.tar  mpi-openmpi as Trainer's runtimes use it
 #   webhook      localhost/mpi-webhook:test          webhook.tar      the given mpi-webhook binary
 # and images.txt, one line per archive built so far, sorted, space-separated, no comments:
 #   <short> <base-name> <tag> <absolute path of the tar>
@@ -46,6 +47,12 @@
 # init container makes its own). Present: sh, bash, cat, cp, chmod, mkdir, id, printf, hostname, whoami,
 # ssh, ssh-keygen, ssh-keyscan, setpriv. Absent: /etc/hostname, /etc/hosts, /etc/resolv.conf (the
 # kubelet mounts them), anything under /dev.
+# mpi-trainer: mpi-openmpi plus one layer with what Kubeflow Trainer's MPI runtime images (and the
+# mpioperator images they come from) bring, so TrainJob mode's JobSet runs with Trainer's own
+# commands: the client side of ssh, /etc/ssh/ssh_config.d/trainer.conf (port 2222, host keys neither
+# checked nor recorded). The user `mpiuser` (1000:1000, home /home/mpiuser, where the TrainJob's
+# Secret is mounted as .ssh) and its sshd config /home/mpiuser/.sshd_config (port 2222, the job's
+# key as host key, StrictModes off) are in the shared root file system, inert for the others.
 # pause: /pause, static, from the C code below; entrypoint /pause, user 65535:65535 like upstream's.
 # webhook: /usr/local/bin/mpi-webhook, exactly the libraries `ldd` lists and the dynamic loader, an
 # empty /tmp (1777), no /etc/passwd; user 65532:65532, entrypoint /usr/local/bin/mpi-webhook.
@@ -274,6 +281,13 @@ customize_mpi() {
   ln -s cpuinfo "$r/opt/intel/bin/impi_cpuinfo"
   install -m 0644 "$impi/data/LICENSE.txt" "$impi"/data/share/doc/mpi/licensing/*.txt \
     "$r/opt/intel/share/doc/impi-rt/"
+  # Trainer's runtime user and its sshd config (see mpi-trainer above).
+  echo 'mpiuser:x:1000:1000::/home/mpiuser:/bin/bash' >>"$r/etc/passwd"
+  echo 'mpiuser:x:1000:' >>"$r/etc/group"
+  install -d -m 0755 -o 1000 -g 1000 "$r/home/mpiuser"
+  printf '%s\n' 'PidFile /home/mpiuser/sshd.pid' 'HostKey /home/mpiuser/.ssh/id_rsa' \
+    'StrictModes no' 'Port 2222' >"$r/home/mpiuser/.sshd_config"
+  chown 1000:1000 "$r/home/mpiuser/.sshd_config"
   # sshd's privilege separation directory (sshd refuses to start as root without it; Kubernetes does
   # not mount a tmpfs on /run, so the image's own directory is what sshd sees).
   install -d -m 0755 "$r/run/sshd"
@@ -356,8 +370,8 @@ build_mpi() {
   local short tag=test hash
   hash="$( (sha "$script"; echo "$SUITE $MIRROR $MPI_PACKAGES impi-rt==$IMPI_VERSION $IMPI_WHEEL_SHA256") |
     sha256sum | cut -d' ' -f1)"
-  if stamp_ok mpi "$hash" mpi-openmpi.tar mpi-mpich.tar mpi-intel.tar; then
-    for short in mpi-openmpi mpi-mpich mpi-intel; do record "$short" "localhost/$short" "$tag"; done
+  if stamp_ok mpi "$hash" mpi-openmpi.tar mpi-mpich.tar mpi-intel.tar mpi-trainer.tar; then
+    for short in mpi-openmpi mpi-mpich mpi-intel mpi-trainer; do record "$short" "localhost/$short" "$tag"; done
     log "mpi: up to date"
     return 0
   fi
@@ -396,7 +410,14 @@ build_mpi() {
     --config.user 0:0 --config.env "PATH=/opt/mpich/bin:$BASE_PATH"
   umoci config --no-history --image "$w/layout:base" --tag intel \
     --config.user 0:0 --config.env "PATH=/opt/intel/bin:$BASE_PATH"
-  for short in openmpi mpich intel; do
+  # trainer: openmpi plus a layer with Trainer's ssh client settings.
+  umoci config --no-history --image "$w/layout:openmpi" --tag trainer
+  umoci unpack --image "$w/layout:trainer" "$w/trainer"
+  printf '%s\n' 'Host *' '    Port 2222' '    StrictHostKeyChecking no' '    UserKnownHostsFile /dev/null' \
+    >"$w/trainer/rootfs/etc/ssh/ssh_config.d/trainer.conf"
+  repack "$w/layout" trainer "$w/trainer"
+  rm -rf --one-file-system "$w/trainer"
+  for short in openmpi mpich intel trainer; do
     # Each archive: only its own image, tagged `test`.
     umoci tag --image "$w/layout:$short" "$tag"
     export_archive "$w/layout" "$tag" "mpi-$short" "localhost/mpi-$short"
