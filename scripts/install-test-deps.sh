@@ -45,7 +45,6 @@ if ((${#node_missing[@]})) && [ "$(id -u)" = 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${node_missing[@]}" >/dev/null
 fi
-envtest_src=../shared/envtest
 unpack() { # SHA256SUMS file, then the binaries it lists, each from <name>.xz beside it
   local sums="$1"
   if ! (cd target/envtest && sha256sum --quiet -c "$sums" >/dev/null 2>&1); then
@@ -57,6 +56,7 @@ unpack() { # SHA256SUMS file, then the binaries it lists, each from <name>.xz be
     (cd target/envtest && sha256sum --quiet -c "$sums")
   fi
 }
+envtest_src=../shared/envtest
 if [ -d "$envtest_src" ]; then
   mkdir -p target/envtest
   src="$(cd "$envtest_src" && pwd)"
