@@ -75,6 +75,8 @@ teardown() {
     # The containers' logs, as the kubelet wrote them (pod folders by namespace_name_uid).
     cp -r "$NODE_DIR/pod-logs" "$NODE_KEEP_LOGS"/ 2>/dev/null
   fi
+  # The feed (a subshell) and its kubectl watch.
+  [[ -n "${dns_pid:-}" ]] && pkill -P "$dns_pid" 2>/dev/null
   [[ -n "${dns_pid:-}" ]] && kill "$dns_pid" 2>/dev/null
   [[ -n "${dnsmasq_pid:-}" ]] && kill "$dnsmasq_pid" 2>/dev/null
   if [[ -n "${kubelet_pid:-}" ]]; then
@@ -244,7 +246,7 @@ done <"$IMAGES"
 
 # Cluster DNS: dnsmasq on the bridge answers <hostname>.<subdomain>.<namespace>.svc.cluster.local
 # for every Pod that has both and an IP (what CoreDNS answers for a headless Service's pods, with
-# JobSet's publishNotReadyAddresses), from a hosts file rebuilt from the API every half second.
+# JobSet's publishNotReadyAddresses), from a hosts file kept from a watch of the API's Pods.
 mkdir -p "$NODE_DIR/dns"
 : >"$NODE_DIR/dns/pods"
 dnsmasq --keep-in-foreground --no-resolv --no-hosts --no-dhcp-interface="$BRIDGE" \
@@ -252,17 +254,31 @@ dnsmasq --keep-in-foreground --no-resolv --no-hosts --no-dhcp-interface="$BRIDGE
   --local=/cluster.local/ --domain-needed --addn-hosts="$NODE_DIR/dns/pods" \
   --pid-file= --user=root --log-facility="$NODE_DIR/dnsmasq.log" &
 dnsmasq_pid=$!
-(
-  template='{range .items[?(@.status.podIP)]}{.status.podIP} {.spec.hostname}.{.spec.subdomain}.{.metadata.namespace}.svc.cluster.local{"\n"}{end}'
-  while kill -0 "$dnsmasq_pid" 2>/dev/null; do
-    if "$KUBECTL" get pods -A -o jsonpath="$template" 2>/dev/null |
-      awk 'NF == 2 && $2 !~ /^\.|\.\./' | sort >"$NODE_DIR/dns/pods.next"; then
-      if ! cmp -s "$NODE_DIR/dns/pods.next" "$NODE_DIR/dns/pods"; then
-        mv "$NODE_DIR/dns/pods.next" "$NODE_DIR/dns/pods"
-        # SIGHUP: dnsmasq clears its cache and reads the hosts file again.
-        kill -HUP "$dnsmasq_pid" 2>/dev/null
-      fi
+# feed_dns: reads watch events `TYPE|NAMESPACE|NAME|IP|HOSTNAME|SUBDOMAIN` and rewrites the hosts
+# file (then SIGHUP: dnsmasq clears its cache and reads it again) whenever a record changes.
+feed_dns() {
+  local type ns name ip host sub key
+  local -A records=()
+  while IFS='|' read -r type ns name ip host sub; do
+    key="$ns/$name"
+    if [[ "$type" != DELETED && -n "$ip" && -n "$host" && -n "$sub" ]]; then
+      [[ "${records[$key]:-}" == "$ip $host.$sub.$ns.svc.cluster.local" ]] && continue
+      records[$key]="$ip $host.$sub.$ns.svc.cluster.local"
+    else
+      [[ -n "${records[$key]:-}" ]] || continue
+      unset "records[$key]"
     fi
+    printf '%s\n' "${records[@]}" | sort >"$NODE_DIR/dns/pods.next"
+    mv "$NODE_DIR/dns/pods.next" "$NODE_DIR/dns/pods"
+    kill -HUP "$dnsmasq_pid" 2>/dev/null
+  done
+}
+(
+  template='{.type}|{.object.metadata.namespace}|{.object.metadata.name}|{.object.status.podIP}|{.object.spec.hostname}|{.object.spec.subdomain}{"\n"}'
+  # A watch ends now and then (the API server's timeout): start again from a fresh list.
+  while kill -0 "$dnsmasq_pid" 2>/dev/null; do
+    "$KUBECTL" get pods -A --watch --output-watch-events -o jsonpath="$template" 2>>"$NODE_DIR/dns-feed.log" |
+      feed_dns
     sleep 0.5
   done
 ) &
