@@ -102,6 +102,10 @@ enum Wiring {
     /// `ssh-setup: image` in pods at a UID the image does not know: what users hit today, ssh
     /// exiting with "No user exists for uid" (and the workers' sshd unable to start).
     ImageAtAnyUid,
+    /// Exactly the patched JobSet, named so that its longest pod host name (the launcher's,
+    /// `<name>-launcher-0-0`, every pod's UTS name as in a real pod) has this many characters
+    /// (Decision 19).
+    LongHostNames(usize),
 }
 
 impl Wiring {
@@ -246,6 +250,10 @@ fn scenario(
     let name = match mode {
         Mode::TrainJob => format!("{}-{lan_part}", l.id),
         Mode::JobSet(_) => format!("{}-js-{lan_part}", l.id),
+    };
+    let name = match wiring {
+        Wiring::LongHostNames(length) => padded(&name, length.saturating_sub(LAUNCHER_HOST.len())),
+        _ => name,
     };
     let command = vec![
         l.program.to_string_lossy().into_owned(),
@@ -683,7 +691,7 @@ fn scenario(
     let mode = format!("{} runLauncherAsNode={lan}", mode.label());
 
     match wiring {
-        Wiring::Product => {
+        Wiring::Product | Wiring::LongHostNames(_) => {
             let want: BTreeMap<String, u32> = expected_pods
                 .iter()
                 .map(|(pod, (_, slots))| (pod.clone(), *slots))
@@ -696,9 +704,15 @@ fn scenario(
                      {slots} per host expected"
                 )));
             }
+            let longest = match wiring {
+                Wiring::LongHostNames(length) => {
+                    format!(" with host names of up to {length} characters ({launcher_host})")
+                }
+                _ => String::new(),
+            };
             Ok(Outcome {
                 line: format!(
-                    "{:<10} {version:<10} {mode:<38} hosts reached {}/{} ranks per host: {placement}{settings}",
+                    "{:<10} {version:<10} {mode:<38} hosts reached {}/{}{longest} ranks per host: {placement}{settings}",
                     l.label,
                     per_host.len(),
                     want.len()
@@ -729,6 +743,19 @@ fn scenario(
             })
         }
     }
+}
+
+/// What the launcher's pod host name adds to the JobSet's name (with the launcher run as a
+/// node or not, the longest host name of the JobSets here).
+const LAUNCHER_HOST: &str = "-launcher-0-0";
+
+/// `name`, padded with `x` to `length` characters (a DNS label still: it ends in a letter).
+fn padded(name: &str, length: usize) -> String {
+    let pad = length.saturating_sub(name.len() + 1);
+    if pad == 0 {
+        return name.to_string();
+    }
+    format!("{name}-{}", "x".repeat(pad))
 }
 
 /// Whether the JobSet opts out of the pre-flight.
@@ -1022,6 +1049,23 @@ fn main_cases(l: &Launcher, spec_model: bool) -> Vec<(Mode, bool, Wiring)> {
                 Mode::JobSet(JobSetShape::IMAGE),
                 false,
                 Wiring::GroupReadableKey,
+            ));
+        }
+        // Decision 19, measured: the longest host names each family takes. Kubernetes allows
+        // 63 characters (a DNS label); MPICH 5 and Intel MPI run every rank with host names that
+        // long. Open MPI 4.1's mpirun is reported to abort beyond 56 (open-mpi/ompi#13358), and
+        // admission refuses longer ones for the OpenMPI label, which does not tell 4 from 5: on
+        // Open MPI 5, 56, the longest the product lets through, must run. (Open MPI 4 and
+        // MPICH 4 are not measured: no machine here had them.)
+        if let Some(length) = match l.id {
+            "mpich5" | "impi" => Some(63),
+            "ompi5" => Some(56),
+            _ => None,
+        } {
+            cases.push((
+                Mode::JobSet(JobSetShape::IMAGE),
+                false,
+                Wiring::LongHostNames(length),
             ));
         }
         // The pre-flight's negative controls, once per hostfile syntax.
