@@ -91,10 +91,10 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         slots_separator: " slots=",
         launcher_listed_by_pod_hostname: false,
         built_by_trainer: true,
-        // Open MPI 4.1's mpirun overflows a fixed buffer with a longer host name (reproduced on
-        // 4.1.6 and 4.1.8, open-mpi/ompi#13358, open; not measured here, no Open MPI 4 was at
-        // hand). The label does not tell 4 from 5, so the row's limit is 4.1's, although Open
-        // MPI 5.0.11 ran with 63-character host names (measured once, tests/mpi_launchers).
+        // Open MPI 4.1's mpirun overflows a stack buffer with a longer host name
+        // (open-mpi/ompi#13358, open: 4.1.6 and 4.1.8; measured on 4.1.4 in tests/mpi_launchers,
+        // `host_name_limits`: 56 runs, 57 aborts). The label does not tell 4 from 5, so the row
+        // takes 4.1's limit, although Open MPI 5.0.11 runs with 63.
         host_name_limit: Some(HostNameLimit {
             max: 56,
             versions: "Open MPI 4.1",
