@@ -1314,8 +1314,12 @@ fn host_name_limits() {
 const STACK_SMASHING: &str = "stack smashing detected";
 
 /// `l`'s launcher starting 2 processes of `true` on its own host, named `length` characters, in
-/// a UTS namespace of its own.
+/// a UTS namespace of its own, with a temporary directory of its own: an aborted `mpirun` leaves
+/// its session directory behind.
 fn launch_locally(l: &Launcher, length: usize) -> Result<proc::Output> {
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("{}{}-", cluster::TMP_PREFIX, std::process::id()))
+        .tempdir()?;
     let host = "h".repeat(length);
     let np = match l.implementation {
         "OpenMPI" => "--allow-run-as-root --oversubscribe -np 2",
@@ -1331,7 +1335,8 @@ fn launch_locally(l: &Launcher, length: usize) -> Result<proc::Output> {
             .current_dir("/")
             .env_clear()
             .env("PATH", l.path_env())
-            .env("HOME", "/root"),
+            .env("HOME", "/root")
+            .env("TMPDIR", tmp.path()),
         LAUNCH_TIMEOUT,
     )
 }
