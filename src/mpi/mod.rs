@@ -12,10 +12,13 @@
 //! - [`objects_for`]: which TrainJobs and JobSets get the Secret and ConfigMap, and the ConfigMap
 //!   (shared by the reconciler and `render`).
 //! - [`implementation`]: Open MPI, Intel MPI and MPICH as one table of data (Decision 5).
+//! - [`failed_run`]: a launcher Pod's failed pre-flight or launcher run, and the Event that
+//!   says so on the job's owner.
 //!
 //! Nothing here performs I/O or reads a clock.
 
 pub mod enforce;
+pub mod failed_run;
 pub mod hostfile;
 pub mod implementation;
 pub mod jobset_mode;

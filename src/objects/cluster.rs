@@ -242,6 +242,12 @@ impl ClusterObjects {
         matches!(self.synced().now_or_never(), Some(Ok(())))
     }
 
+    /// A TrainJob from the cache alone, never a GET: for lookups of names that are mostly not
+    /// TrainJobs (a launcher Pod's JobSet).
+    pub fn cached_train_job(&self, namespace: &str, name: &str) -> Option<Arc<TrainJob>> {
+        self.train_jobs.get(&ObjectRef::new(name).within(namespace))
+    }
+
     fn runtime_store(&self, kind: RuntimeKind) -> &Store<TrainingRuntime> {
         match kind {
             RuntimeKind::TrainingRuntime => &self.training_runtimes,

@@ -18,6 +18,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::mpi::failed_run::Kind;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabel {
     error: &'static str,
@@ -37,6 +39,7 @@ pub struct ReconcileMetrics {
     writes: Family<WriteLabel, Counter>,
     hostfile_conflicts: Counter,
     preflight_failures: Counter,
+    launcher_failures: Counter,
     leader: Gauge,
 }
 
@@ -50,6 +53,7 @@ impl Default for ReconcileMetrics {
             writes: Family::default(),
             hostfile_conflicts: Counter::default(),
             preflight_failures: Counter::default(),
+            launcher_failures: Counter::default(),
             leader: Gauge::default(),
         }
     }
@@ -58,8 +62,8 @@ impl Default for ReconcileMetrics {
 impl ReconcileMetrics {
     /// New metrics registered into `registry` (expected to carry the `mpi_webhook` prefix):
     /// `reconciles_total`, `reconcile_errors_total{error}`, `reconcile_duration_seconds`,
-    /// `writes_total{object}`, `hostfile_conflicts_total`, `preflight_failures_total` and
-    /// `leader`.
+    /// `writes_total{object}`, `hostfile_conflicts_total`, `preflight_failures_total`,
+    /// `launcher_failures_total` and `leader`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         registry.register(
@@ -93,6 +97,11 @@ impl ReconcileMetrics {
             metrics.preflight_failures.clone(),
         );
         registry.register(
+            "launcher_failures",
+            "Failed launcher runs recorded as LauncherFailed Events",
+            metrics.launcher_failures.clone(),
+        );
+        registry.register(
             "leader",
             "1 while this replica holds the reconciler Lease and reconciles",
             metrics.leader.clone(),
@@ -124,14 +133,22 @@ impl ReconcileMetrics {
         self.hostfile_conflicts.inc();
     }
 
-    /// Counts one failed pre-flight run recorded as an Event.
-    pub fn preflight_failure(&self) {
-        self.preflight_failures.inc();
+    /// Counts one failed run of a launcher Pod's container recorded as an Event.
+    pub fn failed_run(&self, kind: Kind) {
+        match kind {
+            Kind::Preflight => self.preflight_failures.inc(),
+            Kind::Launcher => self.launcher_failures.inc(),
+        };
     }
 
     /// Failed pre-flight runs recorded so far.
     pub fn preflight_failures(&self) -> u64 {
         self.preflight_failures.get()
+    }
+
+    /// Failed launcher runs recorded so far.
+    pub fn launcher_failures(&self) -> u64 {
+        self.launcher_failures.get()
     }
 
     /// Records whether this replica is the leader.

@@ -19,16 +19,16 @@
 //! The files, in the order one depends on the next: `error` (why a reconcile failed),
 //! `context` (what it needs, and its retry rule), `writes` (each write), `owners` (what a
 //! TrainJob and a JobSet-mode JobSet each need), `reconcile` (the controller's two callbacks,
-//! one pair for both kinds), `preflight` (JobSet mode's failed pre-flights as Events on the
-//! JobSet), then `run` (the watches, leader election and the probe server).
+//! one pair for both kinds), `launcher_pods` (failed pre-flights and launcher runs as Events on
+//! the JobSet or TrainJob), then `run` (the watches, leader election and the probe server).
 
 mod conflict;
 mod context;
 mod error;
+mod launcher_pods;
 mod leader;
 mod metrics;
 mod owners;
-mod preflight;
 mod reconcile;
 mod run;
 #[cfg(test)]

@@ -29,9 +29,9 @@ use crate::objects::cluster::{
 
 use super::context::{Context, ContextParts};
 use super::error::Error;
+use super::launcher_pods::LauncherPods;
 use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};
 use super::metrics::{Probes, ReconcileMetrics, probes_router};
-use super::preflight::LauncherPods;
 use super::reconcile::{error_policy, reconcile};
 
 /// Timeout of every Lease request: below the renewal grace, so a hung renewal fails (and the
@@ -218,7 +218,7 @@ async fn serve_probes(
 }
 
 /// One leadership term: fresh watches and caches, reconciling TrainJobs and JobSet-mode JobSets,
-/// and reporting the JobSets' failed pre-flights, until `stop` resolves.
+/// and reporting their launchers' failed runs, until `stop` resolves.
 pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: TermEnd) {
     shared.metrics.set_leader(true);
     let (controller, ctx) = controller(shared, leader.clone());
@@ -228,6 +228,8 @@ pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: T
         .graceful_shutdown_on(stop.clone())
         .run(reconcile, error_policy, Arc::clone(&ctx))
         .for_each(logged);
+    // The launcher-Pod watch reads the TrainJob controller's caches, once they are listed.
+    let (objects, caches_ready) = (ctx.objects.clone(), ctx.caches_ready.clone());
     let (jobset_controller, jobsets, jobsets_listed) =
         jobset_controller(&shared.client, &shared.cache_metrics);
     let jobset_reconciles = jobset_controller
@@ -238,6 +240,8 @@ pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: T
         client: shared.client.clone(),
         jobsets,
         jobsets_listed,
+        objects,
+        caches_ready,
         leader,
         reporter: shared.reporter.clone(),
         metrics: shared.metrics.clone(),

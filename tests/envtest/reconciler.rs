@@ -22,6 +22,8 @@ const HOSTFILE: &str =
     "pi-node-0-0.pi slots=1\npi-node-0-1.pi slots=1\npi-launcher-0-0.pi slots=1\n";
 /// The reconciler's count of PreflightFailed Events it recorded.
 const PREFLIGHT_FAILURES: &str = "mpi_webhook_preflight_failures_total";
+/// The reconciler's count of LauncherFailed Events it recorded.
+const LAUNCHER_FAILURES: &str = "mpi_webhook_launcher_failures_total";
 /// A hostfile Trainer might word differently (23 bytes).
 const TRAINERS_OTHER_HOSTFILE: &str = "pi-node-0-0.pi slots=1\n";
 
@@ -630,49 +632,75 @@ async fn a_leader_that_gets_sigterm_releases_the_lease_and_the_standby_takes_ove
 /// The termination message `mpi-webhook preflight` leaves when a worker never resolves.
 const PREFLIGHT_LINE: &str =
     "pi-jobset-openmpi-node-0-1.pi-jobset-openmpi: no DNS answer after 300 s";
+/// The JobSet-mode sample's launcher Pod.
+const JOBSET_LAUNCHER: &str = "pi-jobset-openmpi-launcher-0-0-abcde";
 
-/// The JobSet's launcher Pod as JobSet's controller would make it (labels included); nothing
-/// runs it here, so its status is written as kubelet would, through the status subresource.
-fn launcher_pod(ns: &str) -> Value {
+/// A launcher Pod `name` of JobSet `jobset` whose launcher container is `container`, as
+/// JobSet's controller would make it (labels included); nothing runs it here, so its status is
+/// written as kubelet would, through the status subresource ([`write_status`]).
+fn launcher_pod(ns: &str, jobset: &str, name: &str, container: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "pi-jobset-openmpi-launcher-0-0-abcde", "namespace": ns,
-            "labels": {"jobset.sigs.k8s.io/jobset-name": "pi-jobset-openmpi",
+        "metadata": {"name": name, "namespace": ns,
+            "labels": {"jobset.sigs.k8s.io/jobset-name": jobset,
                        "jobset.sigs.k8s.io/replicatedjob-name": "launcher"}},
         "spec": {"restartPolicy": "OnFailure",
                  "initContainers": [{"name": "mpi-preflight", "image": "mpi-webhook"}],
-                 "containers": [{"name": "launcher", "image": "mpi"}]}})
+                 "containers": [{"name": container, "image": "mpi"}]}})
 }
 
-/// Writes the `mpi-preflight` status of `pod`: `restarts`, and exit `code` now (after a failed
-/// run before when `restarts > 0`).
-async fn preflight_status(admin: &Client, ns: &str, restarts: i32, code: i32) {
-    let terminated = |code: i32, message: &str| {
-        json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
-            "message": message, "startedAt": "2026-12-06T10:00:00Z",
-            "finishedAt": "2026-12-06T10:05:00Z"}})
-    };
-    let message = if code == 0 { "" } else { PREFLIGHT_LINE };
-    let last = if restarts > 0 {
-        terminated(1, PREFLIGHT_LINE)
+/// How a container of a launcher Pod ended, as kubelet reports it.
+struct Exit<'a> {
+    /// `initContainerStatuses` or `containerStatuses`.
+    list: &'a str,
+    container: &'a str,
+    /// Restarts so far: with more than 0, the run before failed the same way (`lastState`).
+    restarts: i32,
+    code: i32,
+    /// `Error`, `OOMKilled`, ...
+    reason: &'a str,
+    /// The termination message.
+    message: &'a str,
+}
+
+/// Writes `exit` as the status of `pod`'s container, through the status subresource.
+async fn write_status(admin: &Client, ns: &str, pod: &str, exit: Exit<'_>) {
+    let terminated = json!({"terminated": {"exitCode": exit.code, "reason": exit.reason,
+        "message": exit.message, "startedAt": "2026-12-06T10:00:00Z",
+        "finishedAt": "2026-12-06T10:05:00Z"}});
+    let last = if exit.restarts > 0 {
+        terminated.clone()
     } else {
         json!({})
     };
-    let status = json!({"status": {"phase": "Pending", "initContainerStatuses": [{
-        "name": "mpi-preflight", "image": "mpi-webhook", "imageID": "", "ready": false,
-        "restartCount": restarts, "state": terminated(code, message), "lastState": last}]}});
+    let phase = if exit.list == "initContainerStatuses" {
+        "Pending"
+    } else {
+        "Running"
+    };
+    let status = json!({"status": {"phase": phase, exit.list: [{
+        "name": exit.container, "image": "mpi", "imageID": "", "ready": false,
+        "restartCount": exit.restarts, "state": terminated, "lastState": last}]}});
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(admin.clone(), ns);
-    pods.patch_status(
-        "pi-jobset-openmpi-launcher-0-0-abcde",
-        &PatchParams::default(),
-        &Patch::Merge(status),
-    )
-    .await
-    .expect("Pod status");
+    pods.patch_status(pod, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .expect("Pod status");
 }
 
-/// `kubectl describe OBJECT` lists a `PreflightFailed` Warning Event saying `note`, as a user
-/// sees it. Skipped, with a line on stderr, where kubectl is not installed.
-fn describe_shows(plane: &ControlPlane, ns: &str, object: &str, note: &str) {
+/// The pre-flight's failed run: `restarts` before it, exit 1 with [`PREFLIGHT_LINE`].
+fn preflight_failed(restarts: i32) -> Exit<'static> {
+    Exit {
+        list: "initContainerStatuses",
+        container: "mpi-preflight",
+        restarts,
+        code: 1,
+        reason: "Error",
+        message: PREFLIGHT_LINE,
+    }
+}
+
+/// `kubectl describe OBJECT` lists a Warning Event `reason` whose note starts with `note`, as a
+/// user sees it. Skipped, with a line on stderr, where kubectl is not installed.
+fn describe_shows(plane: &ControlPlane, ns: &str, object: &str, reason: &str, note: &str) {
     let dir = tempfile::tempdir().expect("tempdir");
     let kubeconfig = plane
         .write_kubeconfig(&dir.path().join("kubeconfig"), control_plane::ADMIN)
@@ -696,92 +724,232 @@ fn describe_shows(plane: &ControlPlane, ns: &str, object: &str, note: &str) {
     );
     let line = text
         .lines()
-        .find(|l| l.contains("PreflightFailed"))
-        .unwrap_or_else(|| panic!("no PreflightFailed in kubectl describe {object}:\n{text}"));
+        .find(|l| l.contains(reason))
+        .unwrap_or_else(|| panic!("no {reason} in kubectl describe {object}:\n{text}"));
     assert!(line.trim_start().starts_with("Warning"), "{line}");
-    assert!(line.contains(note), "{line}");
+    assert!(
+        line.ends_with(note.lines().next().unwrap_or_default()),
+        "{line}"
+    );
 }
 
-/// Waits until `reconciler` has counted `count` PreflightFailed Events of its own.
-async fn recorded_by(reconciler: &mut Reconciler, count: u64) {
+/// Waits until `reconciler` has counted `count` Events of its own in `metric`.
+async fn recorded_by(reconciler: &mut Reconciler, metric: &'static str, count: u64) {
     let metrics = reconciler.metrics;
     reconciler
-        .wait_for(&format!("{PREFLIGHT_FAILURES} {count}"), || async move {
+        .wait_for(&format!("{metric} {count}"), || async move {
             let text = crate::support::get_plain(metrics, "/metrics").await?;
-            (crate::prometheus::sum(&text, PREFLIGHT_FAILURES) == count).then_some(())
+            (crate::prometheus::sum(&text, metric) == count).then_some(())
         })
         .await;
 }
 
-/// A failed `mpi-preflight` in a JobSet-mode JobSet's launcher Pod becomes one Warning Event
-/// `PreflightFailed` on the JobSet, whose note is the termination message; a restarted
-/// reconciler records nothing twice, and each failed restart of the container adds one.
-#[tokio::test]
-async fn a_failed_preflight_is_one_warning_event_on_the_jobset_per_failed_run() {
-    let Some(plane) = control_plane::shared().await else {
-        return;
-    };
-    let _turn = RECONCILER_TURN.lock().await;
-    let (ns, created) = with_jobset(plane, "preflight", &[]).await;
-    let admin = plane.admin();
-    create(&admin, &launcher_pod(&ns)).await.expect("Pod");
-    let preflight_events = || events(&admin, &ns, "PreflightFailed");
+/// The UID of Pod `name`.
+async fn pod_uid(admin: &Client, ns: &str, name: &str) -> String {
+    get(admin, "v1", "Pod", ns, name).await.expect("the Pod")["metadata"]["uid"]
+        .as_str()
+        .expect("uid")
+        .to_string()
+}
 
-    let mut reconciler = Reconciler::start(plane, &[]);
-    preflight_status(&admin, &ns, 0, 1).await;
-    let recorded = reconciler
-        .wait_for("a PreflightFailed Event", || async {
-            preflight_events().await.into_iter().next()
+/// Waits for the first Event `reason` in `ns`, and returns it.
+async fn first_event(reconciler: &mut Reconciler, admin: &Client, ns: &str, reason: &str) -> Value {
+    reconciler
+        .wait_for(&format!("a {reason} Event"), || async {
+            events(admin, ns, reason).await.into_iter().next()
+        })
+        .await
+}
+
+/// Waits for the second Event `reason` in `ns` and returns the names of all of them, sorted.
+async fn two_events(
+    reconciler: &mut Reconciler,
+    admin: &Client,
+    ns: &str,
+    reason: &str,
+) -> Vec<String> {
+    let all = reconciler
+        .wait_for(&format!("a second {reason} Event"), || async {
+            let all = events(admin, ns, reason).await;
+            (all.len() >= 2).then_some(all)
         })
         .await;
+    let mut names: Vec<String> = all
+        .iter()
+        .filter_map(|e| e["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    names.sort_unstable();
+    names
+}
+
+/// A failed run of one container of the JobSet-mode sample's launcher Pod, as each test below
+/// sees it.
+struct Scenario<'a> {
+    /// The namespace's prefix.
+    prefix: &'a str,
+    /// The Event's reason, and the metric counting it.
+    reason: &'a str,
+    metric: &'static str,
+    /// The Event names' part between the Pod's UID and the run.
+    infix: &'a str,
+    /// The container's failed run after `restarts` restarts.
+    exit: &'a dyn Fn(i32) -> Exit<'a>,
+    /// Checks the first Event's note.
+    note: &'a dyn Fn(&str),
+    /// What `kubectl describe` shows on the Event's row.
+    row: &'a str,
+    /// The Event's `related.fieldPath`.
+    field_path: &'a str,
+}
+
+/// The container's failed run becomes one Warning Event on the JobSet; a restarted reconciler
+/// records nothing twice, and each failed restart of the container adds one.
+async fn one_event_per_failed_run_on_the_jobset(plane: &ControlPlane, case: Scenario<'_>) {
+    let _turn = RECONCILER_TURN.lock().await;
+    let (ns, created) = with_jobset(plane, case.prefix, &[]).await;
+    let admin = plane.admin();
+    let pod = launcher_pod(&ns, "pi-jobset-openmpi", JOBSET_LAUNCHER, "launcher");
+    create(&admin, &pod).await.expect("Pod");
+
+    let mut reconciler = Reconciler::start(plane, &[]);
+    write_status(&admin, &ns, JOBSET_LAUNCHER, (case.exit)(0)).await;
+    let recorded = first_event(&mut reconciler, &admin, &ns, case.reason).await;
     assert_eq!(recorded["type"], "Warning");
-    assert_eq!(recorded["note"], PREFLIGHT_LINE);
+    (case.note)(recorded["note"].as_str().expect("a note"));
     assert_eq!(
         recorded["regarding"],
         json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
                "name": "pi-jobset-openmpi", "namespace": ns,
                "uid": created["metadata"]["uid"]})
     );
-    assert_eq!(
-        recorded["related"]["name"],
-        "pi-jobset-openmpi-launcher-0-0-abcde"
-    );
-    recorded_by(&mut reconciler, 1).await;
-    describe_shows(plane, &ns, "jobset/pi-jobset-openmpi", PREFLIGHT_LINE);
+    assert_eq!(recorded["related"]["name"], JOBSET_LAUNCHER);
+    assert_eq!(recorded["related"]["fieldPath"], case.field_path);
+    recorded_by(&mut reconciler, case.metric, 1).await;
+    let jobset = "jobset/pi-jobset-openmpi";
+    describe_shows(plane, &ns, jobset, case.reason, case.row);
     drop(reconciler);
 
     // A new reconciler lists the same failure: it is recorded already. The container's restart,
     // failed again, is one more.
     let mut reconciler = Reconciler::start(plane, &[]);
-    preflight_status(&admin, &ns, 1, 1).await;
-    let all = reconciler
-        .wait_for("a second PreflightFailed Event", || async {
-            let all = preflight_events().await;
-            (all.len() >= 2).then_some(all)
-        })
-        .await;
-    let mut names: Vec<&str> = all
-        .iter()
-        .filter_map(|e| e["metadata"]["name"].as_str())
-        .collect();
-    names.sort_unstable();
-    let uid = get(
-        &admin,
-        "v1",
-        "Pod",
-        &ns,
-        "pi-jobset-openmpi-launcher-0-0-abcde",
-    )
-    .await
-    .expect("the Pod")["metadata"]["uid"]
-        .as_str()
-        .expect("uid")
-        .to_string();
+    write_status(&admin, &ns, JOBSET_LAUNCHER, (case.exit)(1)).await;
+    let names = two_events(&mut reconciler, &admin, &ns, case.reason).await;
+    let uid = pod_uid(&admin, &ns, JOBSET_LAUNCHER).await;
+    let infix = case.infix;
     assert_eq!(
         names,
-        [format!("{uid}.preflight-0"), format!("{uid}.preflight-1")]
+        [format!("{uid}.{infix}-0"), format!("{uid}.{infix}-1")]
     );
     // Only the restart's is this reconciler's: the first one it found recorded.
-    recorded_by(&mut reconciler, 1).await;
+    recorded_by(&mut reconciler, case.metric, 1).await;
     forget(&admin, &created).await;
+}
+
+/// A failed `mpi-preflight`: `PreflightFailed`, whose note is the termination message.
+#[tokio::test]
+async fn a_failed_preflight_is_one_warning_event_on_the_jobset_per_failed_run() {
+    let Some(plane) = control_plane::shared().await else {
+        return;
+    };
+    let scenario = Scenario {
+        prefix: "preflight",
+        reason: "PreflightFailed",
+        metric: PREFLIGHT_FAILURES,
+        infix: "preflight",
+        exit: &preflight_failed,
+        note: &|note| assert_eq!(note, PREFLIGHT_LINE),
+        row: PREFLIGHT_LINE,
+        field_path: "spec.initContainers{mpi-preflight}",
+    };
+    one_event_per_failed_run_on_the_jobset(plane, scenario).await;
+}
+
+/// What the JobSet's launcher printed last before `mpirun` gave up (more than a note holds).
+fn launcher_output() -> String {
+    let noise = "rank 0: step 99 loss 0.1\n".repeat(60);
+    format!(
+        "{noise}MPI_ABORT was invoked on rank 1 in communicator MPI_COMM_WORLD with errorcode 3"
+    )
+}
+
+/// A launcher container that exits 3: `LauncherFailed`, the exit code and the end of its
+/// output, from a whole line, in 1 kB.
+#[tokio::test]
+async fn a_failed_launcher_is_one_warning_event_on_the_jobset_per_failed_run() {
+    let Some(plane) = control_plane::shared().await else {
+        return;
+    };
+    let output = launcher_output();
+    let head =
+        format!("launcher in Pod {JOBSET_LAUNCHER} exited with code 3 (Error); its last output:");
+    let note = |note: &str| {
+        // The tail starts at a whole line: the `rank 0: ...` lines are 25 bytes.
+        assert!(
+            note.starts_with(&format!("{head}\n…rank 0: step 99")),
+            "{note}"
+        );
+        assert!(note.ends_with("with errorcode 3"), "{note}");
+        assert!(
+            note.len() <= 1024 && note.len() > 1024 - 25,
+            "{} bytes",
+            note.len()
+        );
+    };
+    let scenario = Scenario {
+        prefix: "launcher",
+        reason: "LauncherFailed",
+        metric: LAUNCHER_FAILURES,
+        infix: "launcher",
+        exit: &|restarts| Exit {
+            list: "containerStatuses",
+            container: "launcher",
+            restarts,
+            code: 3,
+            reason: "Error",
+            message: &output,
+        },
+        note: &note,
+        row: &head,
+        field_path: "spec.containers{launcher}",
+    };
+    one_event_per_failed_run_on_the_jobset(plane, scenario).await;
+}
+
+/// In TrainJob mode the launcher container of Trainer's JobSet (`node`) killed for memory is a
+/// `LauncherFailed` Event on the TrainJob that says so.
+#[tokio::test]
+async fn an_oom_killed_trainjob_launcher_is_a_warning_event_on_the_trainjob() {
+    let Some(plane) = control_plane::shared().await else {
+        return;
+    };
+    let _turn = RECONCILER_TURN.lock().await;
+    let (ns, job) = with_train_job(plane, "launcher-oom").await;
+    let admin = plane.admin();
+    let name = "pi-launcher-0-0-abcde";
+    create(&admin, &launcher_pod(&ns, "pi", name, "node"))
+        .await
+        .expect("Pod");
+    let mut reconciler = Reconciler::start(plane, &[]);
+    let oom = Exit {
+        list: "containerStatuses",
+        container: "node",
+        restarts: 0,
+        code: 137,
+        reason: "OOMKilled",
+        message: "",
+    };
+    write_status(&admin, &ns, name, oom).await;
+    let recorded = first_event(&mut reconciler, &admin, &ns, "LauncherFailed").await;
+    let note = format!(
+        "node in Pod {name} exited with code 137: OOMKilled, out of memory (killed for going over its memory limit)"
+    );
+    assert_eq!(recorded["note"], note.as_str());
+    assert_eq!(
+        recorded["regarding"],
+        json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+               "name": "pi", "namespace": ns, "uid": job["metadata"]["uid"]})
+    );
+    recorded_by(&mut reconciler, LAUNCHER_FAILURES, 1).await;
+    describe_shows(plane, &ns, "trainjob/pi", "LauncherFailed", &note);
+    forget(&admin, &job).await;
 }

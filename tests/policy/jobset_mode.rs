@@ -21,6 +21,17 @@ use super::support::{hostfile_volume, mutate, open_mpi_env};
 
 const LABEL: &str = "mpi-webhook.io/implementation";
 
+/// A launcher's `env` in JobSet mode: `env` (the implementation's), then the NVIDIA runtime's
+/// GPU env vars, empty (a launcher that is not a node sees no GPU).
+fn hiding_gpus(env: Value) -> Value {
+    let mut env = env;
+    if let Value::Array(list) = &mut env {
+        list.push(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": ""}));
+        list.push(json!({"name": "NVIDIA_DRIVER_CAPABILITIES", "value": ""}));
+    }
+    env
+}
+
 /// A container with an image, and `extra` members.
 fn container(name: &str, extra: Value) -> Value {
     let mut c = json!({"name": name, "image": "mpi:latest"});
@@ -168,7 +179,9 @@ async fn defaults_give_this_exact_patch_on_each_templates_first_container() {
             {"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"},
             {"name": "mpi-hostfile", "mountPath": "/etc/mpi"}
         ]}),
-        json!({"op": "add", "path": format!("{}/containers/0/env", pod(1)), "value": open_mpi_env(1)}),
+        json!({"op": "add", "path": format!("{}/containers/0/env", pod(1)), "value": hiding_gpus(open_mpi_env(1))}),
+        json!({"op": "add", "path": format!("{}/containers/0/terminationMessagePolicy", pod(1)),
+               "value": "FallbackToLogsOnError"}),
         json!({"op": "add", "path": format!("{}/volumes", pod(1)),
                "value": [strict_ssh_volume(), hostfile_volume("pi")]}),
         json!({"op": "add", "path": "/spec/successPolicy",
@@ -203,23 +216,23 @@ fn label_chooses_the_implementation_row() {
     let patched = mutate(&plan(&intel), &intel);
     assert_eq!(
         pod_spec(&patched, 1)["containers"][0]["env"],
-        json!([
+        hiding_gpus(json!([
             {"name": "I_MPI_HYDRA_HOST_FILE", "value": "/etc/mpi/hostfile"},
             {"name": "I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", "value": "-o ConnectionAttempts=10"},
             {"name": "I_MPI_PERHOST", "value": "1"},
             {"name": "I_MPI_HYDRA_IFACE", "value": "eth0"}
-        ])
+        ]))
     );
     assert_eq!(hostfile_of(&intel), "pi-node-0-0.pi:1\npi-node-0-1.pi:1\n");
     let mpich = jobset("MPICH", json!({}), rjobs());
     let patched = mutate(&plan(&mpich), &mpich);
     assert_eq!(
         pod_spec(&patched, 1)["containers"][0]["env"],
-        json!([
+        hiding_gpus(json!([
             {"name": "HYDRA_HOST_FILE", "value": "/etc/mpi/hostfile"},
             {"name": "HYDRA_LAUNCHER_EXTRA_ARGS", "value": "-o ConnectionAttempts=10"},
             {"name": "HYDRA_IFACE", "value": "eth0"}
-        ])
+        ]))
     );
 }
 
@@ -233,7 +246,7 @@ fn slots_per_node_annotation_sets_slots() {
     let patched = mutate(&plan(&js), &js);
     assert_eq!(
         pod_spec(&patched, 1)["containers"][0]["env"],
-        open_mpi_env(4)
+        hiding_gpus(open_mpi_env(4))
     );
     assert_eq!(
         hostfile_of(&js),
@@ -312,6 +325,81 @@ fn run_launcher_as_node_lists_the_launcher_and_hydra_by_its_pod_host_name() {
     );
 }
 
+/// The launcher's env and `terminationMessagePolicy` after the mutation of a JobSet whose
+/// launcher container has `extra` members, with `annotations`.
+fn launcher_after(annotations: Value, extra: Value) -> (Value, Value) {
+    let mut rjobs = rjobs();
+    rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] =
+        json!([container("launcher", extra)]);
+    let js = jobset("MPICH", annotations, rjobs);
+    let patched = mutate(&plan(&js), &js);
+    let launcher = &pod_spec(&patched, 1)["containers"][0];
+    (
+        launcher["env"].clone(),
+        launcher["terminationMessagePolicy"].clone(),
+    )
+}
+
+const MPICH_ENV: [(&str, &str); 3] = [
+    ("HYDRA_HOST_FILE", "/etc/mpi/hostfile"),
+    ("HYDRA_LAUNCHER_EXTRA_ARGS", "-o ConnectionAttempts=10"),
+    ("HYDRA_IFACE", "eth0"),
+];
+
+fn env(vars: &[(&str, &str)]) -> Value {
+    vars.iter()
+        .map(|(name, value)| json!({"name": name, "value": value}))
+        .collect()
+}
+
+#[test]
+fn the_launcher_keeps_its_output_on_failure_unless_it_chose_a_policy() {
+    let (_, policy) = launcher_after(json!({}), json!({}));
+    assert_eq!(policy, "FallbackToLogsOnError");
+    let (_, policy) = launcher_after(json!({}), json!({"terminationMessagePolicy": "File"}));
+    assert_eq!(policy, "File", "the user's value");
+    // A launcher that runs as a node too: its last words all the same.
+    let as_node = json!({"mpi-webhook.io/run-launcher-as-node": "true"});
+    assert_eq!(
+        launcher_after(as_node, json!({})).1,
+        "FallbackToLogsOnError"
+    );
+}
+
+#[test]
+fn a_launcher_that_is_not_a_worker_gets_the_gpu_env_empty_unless_set_or_a_node() {
+    let mut hidden = MPICH_ENV.to_vec();
+    hidden.extend([
+        ("NVIDIA_VISIBLE_DEVICES", ""),
+        ("NVIDIA_DRIVER_CAPABILITIES", ""),
+    ]);
+    assert_eq!(launcher_after(json!({}), json!({})).0, env(&hidden));
+    // run-launcher-as-node: it runs ranks, and keeps its GPUs.
+    let as_node = json!({"mpi-webhook.io/run-launcher-as-node": "true"});
+    assert_eq!(launcher_after(as_node, json!({})).0, env(&MPICH_ENV));
+    // The user's value wins, in place, and the other is still added.
+    let mine = json!({"env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]});
+    let mut expected = vec![("NVIDIA_VISIBLE_DEVICES", "all")];
+    expected.extend(MPICH_ENV);
+    expected.push(("NVIDIA_DRIVER_CAPABILITIES", ""));
+    assert_eq!(launcher_after(json!({}), mine).0, env(&expected));
+    // Set from a ConfigMap: still the user's.
+    let from = json!({"env": [{"name": "NVIDIA_DRIVER_CAPABILITIES",
+        "valueFrom": {"configMapKeyRef": {"name": "gpu", "key": "caps"}}}]});
+    let (got, _) = launcher_after(json!({}), from.clone());
+    assert_eq!(got[0], from["env"][0]);
+    assert_eq!(got.as_array().map(Vec::len), Some(5));
+    assert_eq!(
+        got[4],
+        json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": ""})
+    );
+    // A launcher that asks for GPUs itself: its device plugin's value is not hidden.
+    for list in ["requests", "limits"] {
+        let gpus = json!({"resources": {list: {"nvidia.com/gpu": 1}}});
+        assert_eq!(launcher_after(json!({}), gpus).0, env(&MPICH_ENV), "{list}");
+    }
+}
+
 #[test]
 fn container_annotation_wires_that_container_and_no_other() {
     let mut rjobs = rjobs();
@@ -332,7 +420,7 @@ fn container_annotation_wires_that_container_and_no_other() {
     }
     assert_eq!(
         pod_spec(&patched, 1)["containers"][2]["env"],
-        open_mpi_env(1)
+        hiding_gpus(open_mpi_env(1))
     );
 }
 
@@ -528,6 +616,39 @@ async fn a_hostfile_over_a_configmap_is_denied() {
         denial(jobset("OpenMPI", json!({}), rjobs)).await,
         "spec.replicatedJobs[0].template.spec.parallelism: Invalid value: 100000: the MPI hostfile would be 2688890 bytes, over the 1048576-byte limit of a ConfigMap"
     );
+}
+
+/// `jobset` renamed `name`.
+fn renamed(jobset: Value, name: &str) -> Value {
+    let mut jobset = jobset;
+    jobset["metadata"]["name"] = json!(name);
+    jobset
+}
+
+/// Decision 19: Open MPI 4.1 takes host names of up to 56 characters. The longest here is the
+/// launcher's, `<name>-launcher-0-0`: the name and 13 more.
+#[tokio::test]
+async fn open_mpi_denies_a_name_whose_host_names_are_over_56_characters_at_creation() {
+    let at_limit = renamed(jobset("OpenMPI", json!({}), rjobs()), &"a".repeat(43));
+    assert_eq!(validate(at_limit.clone()).await["allowed"], true);
+    let mutated = review(Route::MutateJobSet, "CREATE", at_limit, None).await;
+    assert_eq!(mutated["allowed"], true, "{mutated}");
+    let name = "b".repeat(44);
+    let over = renamed(jobset("OpenMPI", json!({}), rjobs()), &name);
+    assert_eq!(
+        denial(over.clone()).await,
+        format!(
+            r#"metadata.name: Invalid value: "{name}": the longest pod host name, "{name}-launcher-0-0", would be 57 characters, over the 56 that Open MPI 4.1 accepts: its mpirun aborts with "*** stack smashing detected ***" (open-mpi/ompi#13358); use a shorter name"#
+        )
+    );
+    // An UPDATE of a JobSet made before the rule (Kueue's suspend, a label) is not refused.
+    let updated = review(Route::ValidateJobSet, "UPDATE", over.clone(), Some(over)).await;
+    assert_eq!(updated["allowed"], true, "{updated}");
+    // No limit is known for Intel MPI or MPICH.
+    for implementation in ["Intel", "MPICH"] {
+        let long = renamed(jobset(implementation, json!({}), rjobs()), &name);
+        assert_eq!(validate(long).await["allowed"], true, "{implementation}");
+    }
 }
 
 #[tokio::test]
@@ -821,6 +942,7 @@ async fn a_minimal_jobset_gets_sshd_a_probe_dependson_and_the_preflight() {
         [
             add(format!("{}/containers/0/command", pod(0))),
             add(format!("{}/containers/0/readinessProbe", pod(0))),
+            add(format!("{}/containers/0/terminationMessagePolicy", pod(1))),
             add(format!("{}/initContainers", pod(1))),
             add("/spec/replicatedJobs/1/dependsOn".to_string()),
             add("/spec/successPolicy".to_string()),

@@ -462,6 +462,32 @@ fn wire(
                 upsert(env, "name", json!({"name": name, "value": value}));
             }
         }
+        // JobSet mode, the launcher: its output kept as its termination message on failure,
+        // and, unless it runs as a node or asks for GPUs itself, the NVIDIA runtime's GPU env
+        // vars empty where the user set none (docs/jobset-mode.md "Defaults").
+        if defaults && is_launcher {
+            if unset(container.get("terminationMessagePolicy")) {
+                container.insert(
+                    "terminationMessagePolicy".into(),
+                    json!("FallbackToLogsOnError"),
+                );
+            }
+            let resources = container.get("resources");
+            let gpu = ["requests", "limits"].iter().any(|list| {
+                resources
+                    .and_then(|r| r.get(*list))
+                    .and_then(Value::as_object)
+                    .is_some_and(|m| m.keys().any(|k| k.to_lowercase().contains("gpu")))
+            });
+            if !plan.run_launcher_as_node && !gpu {
+                let env = member_list(container, &at, "env")?;
+                for name in ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"] {
+                    if !named(env, name) {
+                        env.push(json!({"name": name, "value": ""}));
+                    }
+                }
+            }
+        }
         // JobSet mode: sshd on the workers, unless they run something of their own, and a
         // readiness probe on its port.
         if defaults && !is_launcher {

@@ -3,7 +3,8 @@
 //! paths of its patch) is tried with a user's value in place and an unknown sibling member next
 //! to it; the patched JobSet must keep every such value, except where the contract replaces it:
 //! the worker counts (C.1) and a list entry with the key of one of the policy's entries (volumes
-//! and env by `name`, mounts by `mountPath`: replaced in place by the policy's entry). Generic
+//! and env by `name`, mounts by `mountPath`: replaced in place by the policy's entry, but for
+//! the default entries of [`DEFAULT_ENTRIES`], which the user's keeps). Generic
 //! over the paths, so a rule added later is covered without a line here.
 
 use mpi_webhook::api::JobSet;
@@ -21,6 +22,13 @@ const UPSERTED: [(&str, &str); 3] = [
     ("volumes", "name"),
     ("volumeMounts", "mountPath"),
     ("env", "name"),
+];
+
+/// Entries of an upserted list that are defaults all the same: a user's entry of that name is
+/// kept (JobSet mode's GPU-hiding env on the launcher, docs/jobset-mode.md "Defaults").
+const DEFAULT_ENTRIES: [(&str, &str); 2] = [
+    ("env", "NVIDIA_VISIBLE_DEVICES"),
+    ("env", "NVIDIA_DRIVER_CAPABILITIES"),
 ];
 
 /// An unknown member a user (or a newer API) put there.
@@ -185,29 +193,40 @@ fn a_users_value_at_every_written_path_survives_or_is_replaced_as_the_contract_s
             );
 
             // An entry with the key of one of the policy's entries: replaced in place in the
-            // lists upserted by key, kept in any other list (a default the user already has).
-            let Some(policy_entry) = wired_value.as_array().and_then(|e| e.last()).cloned() else {
-                continue;
+            // lists upserted by key, kept in any other list (a default the user already has),
+            // and kept where it has the name of a default entry of an upserted list.
+            let entries = wired_value
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            let is_default = |entry: &Value| {
+                DEFAULT_ENTRIES
+                    .iter()
+                    .any(|(list, name)| *list == key && entry.get("name") == Some(&json!(name)))
             };
-            let Some(mut clash) = policy_entry.as_object().cloned() else {
-                continue;
-            };
-            clash.insert(SIBLING.into(), json!(1));
-            let clash = Value::Object(clash);
-            let mut with_clash = jobset.clone();
-            put(&mut with_clash, &path, json!([clash]));
-            let out = patched(&plan, &with_clash);
-            let list = out
-                .pointer(&path)
-                .and_then(Value::as_array)
-                .expect("a list");
-            if UPSERTED.iter().any(|(list, _)| *list == key) {
-                assert_eq!(list[0], policy_entry, "{mode}: {path}: replaced in place");
-            } else {
-                assert!(
-                    survives(&with_clash, &out),
-                    "{mode}: {path}: the user's kept"
-                );
+            let upserted = entries.iter().rev().find(|e| !is_default(e));
+            let defaults = entries.iter().filter(|e| is_default(e));
+            for policy_entry in upserted.into_iter().chain(defaults) {
+                let Some(mut clash) = policy_entry.as_object().cloned() else {
+                    continue;
+                };
+                clash.insert(SIBLING.into(), json!(1));
+                let clash = Value::Object(clash);
+                let mut with_clash = jobset.clone();
+                put(&mut with_clash, &path, json!([clash]));
+                let out = patched(&plan, &with_clash);
+                let list = out
+                    .pointer(&path)
+                    .and_then(Value::as_array)
+                    .expect("a list");
+                if UPSERTED.iter().any(|(list, _)| *list == key) && !is_default(policy_entry) {
+                    assert_eq!(list[0], *policy_entry, "{mode}: {path}: replaced in place");
+                } else {
+                    assert!(
+                        survives(&with_clash, &out),
+                        "{mode}: {path}: the user's {policy_entry} kept"
+                    );
+                }
             }
         }
     }

@@ -103,6 +103,19 @@ impl<'v> Obj<'v> {
         Ok(())
     }
 
+    /// Appends `item` to the list at member `key` unless an entry there has the same member
+    /// `by`: a default entry, which never replaces the user's (env vars the user may set).
+    ///
+    /// # Errors
+    /// [`MutationError`] when the member holds something other than an array.
+    pub fn add_missing(&mut self, key: &str, by: &str, item: &Value) -> Result<(), MutationError> {
+        let list = self.list(key)?;
+        if !list.iter().any(|entry| entry.get(by) == item.get(by)) {
+            list.push(item.clone());
+        }
+        Ok(())
+    }
+
     /// Sets member `key` to `value`, whatever it held: for the fields the policy owns.
     pub fn set(&mut self, key: &str, value: Value) {
         self.map.insert(key.to_owned(), value);

@@ -157,6 +157,21 @@ pub fn success_policy_launcher() -> Value {
     json!({"operator": SUCCESS_ALL, "targetReplicatedJobs": [LAUNCHER]})
 }
 
+/// JobSet mode: the wired launcher container's `terminationMessagePolicy` when it has none, so
+/// kubelet keeps the tail of its output in the Pod's status when it fails (the reconciler's
+/// `LauncherFailed` Event carries it, after the Pod and its log are gone).
+pub fn launcher_termination_message_policy() -> Value {
+    json!("FallbackToLogsOnError")
+}
+
+/// JobSet mode, a launcher that is not a node: the env vars that hide the node's GPUs from it
+/// under the NVIDIA container runtime, as mpi-operator sets them, each added only when the user
+/// has no entry of that name.
+pub fn hide_gpus_env() -> [Value; 2] {
+    ["NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES"]
+        .map(|name| json!({"name": name, "value": ""}))
+}
+
 /// JobSet's `successPolicy` operator that waits for every targeted replicatedJob.
 pub const SUCCESS_ALL: &str = "All";
 

@@ -283,6 +283,17 @@ fn container(items: &Items, role: Role, mut container: Obj<'_>) -> Result<(), Mu
         for var in &items.env {
             container.upsert("env", "name", var)?;
         }
+        // JobSet mode: the launcher's last words survive in its status, and a launcher that is
+        // not a worker sees no GPU of its node (unless it asks for GPUs of its own, which the
+        // empty values would hide too).
+        if let Some(d) = &items.defaults {
+            container.fill("terminationMessagePolicy", &d.launcher_message_policy);
+            if !requests_gpus(&container) {
+                for var in d.hide_gpus_env.iter().flatten() {
+                    container.add_missing("env", "name", var)?;
+                }
+            }
+        }
     }
     // JobSet mode: the workers run sshd, unless they run something of their own, and are ready
     // once it listens.
@@ -293,6 +304,19 @@ fn container(items: &Items, role: Role, mut container: Obj<'_>) -> Result<(), Mu
         container.fill("readinessProbe", &d.readiness_probe);
     }
     Ok(())
+}
+
+/// Whether `container` requests or limits a GPU: a resource whose name contains `gpu`
+/// (Decision 3's test), whatever the quantity. Its device plugin sets `NVIDIA_VISIBLE_DEVICES`,
+/// which an empty value in the container's env would override.
+fn requests_gpus(container: &Obj<'_>) -> bool {
+    let names_gpu = |list: Option<&Value>| {
+        list.and_then(Value::as_object)
+            .is_some_and(|m| m.keys().any(|k| k.to_lowercase().contains("gpu")))
+    };
+    let resources = container.get("resources");
+    names_gpu(resources.and_then(|r| r.get("requests")))
+        || names_gpu(resources.and_then(|r| r.get("limits")))
 }
 
 /// The entries the policy writes, built once per JobSet.
@@ -323,6 +347,10 @@ struct Defaults {
     success_policy: Value,
     /// The pre-flight init container, when the plan has an image for it.
     preflight: Option<Value>,
+    /// The launcher container's `terminationMessagePolicy` when it has none.
+    launcher_message_policy: Value,
+    /// The launcher's GPU-hiding env, unless it runs as a node.
+    hide_gpus_env: Option<[Value; 2]>,
 }
 
 /// `entry` as JSON: structs of strings and integers, which always serialize.
@@ -359,6 +387,8 @@ impl Items {
                 preflight: plan
                     .preflight_image()
                     .map(|image| items::preflight_container(image, port)),
+                launcher_message_policy: items::launcher_termination_message_policy(),
+                hide_gpus_env: (!plan.run_launcher_as_node).then(items::hide_gpus_env),
             }),
             generated: generated.then(|| Generated {
                 runtime_volume: ssh_setup::runtime_volume(),

@@ -10,10 +10,9 @@
 //!
 //! [`MpiPlan::for_jobset`]: super::plan::MpiPlan::for_jobset
 
-pub mod preflight_failure;
 pub mod rules;
 pub mod settings;
 pub mod ssh_setup;
 
-pub use rules::{Checked, check, immutable_errors, label_on_train_job_error};
+pub use rules::{Checked, check, host_name_error, immutable_errors, label_on_train_job_error};
 pub use settings::*;

@@ -1,10 +1,13 @@
-//! JobSet mode: a failed launcher pre-flight said on the JobSet, as a `PreflightFailed` Warning
-//! Event (what it says, and its name, are [`crate::mpi::jobset_mode::preflight_failure`]'s).
+//! A launcher Pod's failed pre-flight (JobSet mode, `PreflightFailed`) or failed launcher run
+//! (`LauncherFailed`) said on the job's owner as a Warning Event: the JobSet in JobSet mode, the
+//! TrainJob in TrainJob mode (what the Events say, and their names, are
+//! [`crate::mpi::failed_run`]'s).
 //!
 //! One label-selected watch of every JobSet's launcher Pods, read only and uncached: each Pod is
 //! looked at when it changes and dropped. Only Pods of the JobSet-mode JobSets in the JobSet
-//! controller's cache are reported, so the watch waits for that cache's first list. An Event is
-//! created once per failed run: its name is fixed by the Pod's UID and the run, so a relist, a
+//! controller's cache, and of the MPI TrainJobs in the TrainJob controller's cache, are
+//! reported, so the watch waits for those caches' first lists. An Event is created once per
+//! failed run: its name is fixed by the Pod's UID, the container and the run, so a relist, a
 //! resync or a restarted reconciler that sees the same failure gets `AlreadyExists` and counts
 //! nothing; this term also remembers what it recorded, per Pod, so it does not even ask again.
 //! Recording is best effort like every Event: a failed create is logged and tried again on the
@@ -12,21 +15,27 @@
 
 use std::collections::{BTreeSet, HashMap};
 
+use futures::future::{BoxFuture, Shared};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::PostParams;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
-use kube::{Api, Client, Resource};
+use kube::{Api, Client};
 use tokio::sync::watch;
 
-use crate::api::JobSet;
-use crate::mpi::jobset_mode::preflight_failure::{
-    PREFLIGHT_FAILED, PreflightFailure, launcher_pod_selector, preflight_failures,
+use crate::api::{JOBSET_API_VERSION, JobSet, TRAINER_API_VERSION};
+use crate::mpi::failed_run::{
+    FailedRun, Watched, failed_runs, has_failed_container, launcher_pod_jobset,
+    launcher_pod_selector,
 };
-use crate::objects::cluster::{CacheMetrics, retried, watch_config};
+use crate::mpi::jobset_mode::settings;
+use crate::mpi::objects_for::runtime_of;
+use crate::mpi::plan::WiredContainer;
+use crate::objects::cluster::{CacheMetrics, ClusterObjects, retried, watch_config};
 
 use super::metrics::ReconcileMetrics;
 
@@ -37,6 +46,10 @@ pub(super) struct LauncherPods {
     pub(super) jobsets: Store<JobSet>,
     /// Becomes `true` once `jobsets` holds its first list.
     pub(super) jobsets_listed: watch::Receiver<bool>,
+    /// The TrainJobs and their runtimes (the TrainJob controller's caches).
+    pub(super) objects: ClusterObjects,
+    /// Resolves once the TrainJob controller's caches hold their first lists.
+    pub(super) caches_ready: Shared<BoxFuture<'static, ()>>,
     /// `true` while this replica may write.
     pub(super) leader: watch::Receiver<bool>,
     pub(super) reporter: Reporter,
@@ -47,8 +60,8 @@ pub(super) struct LauncherPods {
 impl LauncherPods {
     /// Watches the launcher Pods until the term ends (the caller drops this future).
     pub(super) async fn run(mut self) {
-        // An Event names its JobSet's UID, and a Pod of a JobSet not in the cache is not
-        // reported: before the first list every JobSet would look like none of ours.
+        // An Event names its owner's UID, and a Pod of a job not in the caches is not
+        // reported: before the first lists every job would look like none of ours.
         if self
             .jobsets_listed
             .wait_for(|listed| *listed)
@@ -57,6 +70,7 @@ impl LauncherPods {
         {
             return;
         }
+        self.caches_ready.clone().await;
         let pods = Api::<Pod>::all(self.client.clone());
         let config = watch_config().labels(&launcher_pod_selector());
         let events = retried(watcher(pods, config), "pods", &self.cache_metrics);
@@ -85,82 +99,121 @@ impl LauncherPods {
         }
     }
 
-    /// Records an Event for each failed pre-flight run of `pod` not recorded yet.
+    /// Records an Event for each failed run of `pod` not recorded yet.
     async fn report(&self, pod: &Pod, recorded: &mut Recorded) {
-        for failure in preflight_failures(pod) {
+        // Most launcher Pods never fail: only then are their owners looked up.
+        if !has_failed_container(pod) {
+            return;
+        }
+        let Some((regarding, failures)) = self.owner_and_failures(pod).await else {
+            return; // not a job of ours
+        };
+        for failure in failures {
             if recorded.has(&failure) {
                 continue;
             }
-            let key = ObjectRef::new(&failure.jobset).within(&failure.namespace);
-            let Some(jobset) = self.jobsets.get(&key) else {
-                continue; // not a JobSet-mode JobSet
-            };
             if !*self.leader.borrow() {
                 return;
             }
-            if self.record(&failure, &jobset).await {
+            if self.record(&failure, &regarding).await {
                 recorded.add(&failure);
             }
         }
     }
 
+    /// The owner the Events of `pod` regard, and its failed runs: a JobSet-mode JobSet's
+    /// pre-flight and wired launcher container, or an MPI TrainJob's launcher container
+    /// (Trainer's JobSet, and so its Pods' `jobset-name`, has the TrainJob's name).
+    async fn owner_and_failures(&self, pod: &Pod) -> Option<(ObjectReference, Vec<FailedRun>)> {
+        let name = launcher_pod_jobset(pod)?;
+        let namespace = pod.metadata.namespace.as_deref()?;
+        if let Some(jobset) = self.jobsets.get(&ObjectRef::new(name).within(namespace)) {
+            let mut failures = failed_runs(pod, Watched::Preflight);
+            // Settings that do not parse were denied at admission; then only the pre-flight.
+            if let Ok(settings) = settings(&jobset.metadata) {
+                let wired = WiredContainer::for_jobset(settings.container.as_deref());
+                failures.extend(failed_runs(pod, Watched::Launcher(&wired)));
+            }
+            return Some((
+                reference(JOBSET_API_VERSION, "JobSet", &jobset.metadata),
+                failures,
+            ));
+        }
+        // The cache only: a GET for every failed launcher of a plain JobSet would be waste.
+        let train_job = self.objects.cached_train_job(namespace, name)?;
+        let resolved = runtime_of(&self.objects, &train_job, namespace)
+            .await
+            .ok()?;
+        let plan = resolved.plan(&train_job).ok().flatten()?;
+        let failures = failed_runs(pod, Watched::Launcher(&plan.wired_container));
+        Some((
+            reference(TRAINER_API_VERSION, "TrainJob", &train_job.metadata),
+            failures,
+        ))
+    }
+
     /// Creates the Event; `true` when it exists now (made here or before).
-    async fn record(&self, failure: &PreflightFailure, jobset: &JobSet) -> bool {
-        let regarding = ObjectReference {
-            api_version: Some(JobSet::api_version(&()).into_owned()),
-            kind: Some(JobSet::kind(&()).into_owned()),
-            name: jobset.metadata.name.clone(),
-            namespace: jobset.metadata.namespace.clone(),
-            uid: jobset.metadata.uid.clone(),
-            ..ObjectReference::default()
-        };
+    async fn record(&self, failure: &FailedRun, regarding: &ObjectReference) -> bool {
         let instance = self.reporter.instance.as_deref().unwrap_or_default();
         let event = failure.event(
-            regarding,
+            regarding.clone(),
             &self.reporter.controller,
             instance,
             k8s_openapi::jiff::Timestamp::now(),
         );
+        let reason = failure.kind.reason();
         let events = Api::<Event>::namespaced(self.client.clone(), &failure.namespace);
         match events.create(&PostParams::default(), &event).await {
             Ok(_) => {
-                self.metrics.preflight_failure();
+                self.metrics.failed_run(failure.kind);
                 tracing::info!(namespace = %failure.namespace, jobset = %failure.jobset,
-                    pod = %failure.pod, run = failure.run, reason = PREFLIGHT_FAILED,
-                    "recorded a failed pre-flight");
+                    pod = %failure.pod, container = %failure.container, run = failure.run,
+                    reason, "recorded a failed run");
                 true
             }
             Err(kube::Error::Api(status)) if status.is_already_exists() => true,
             Err(error) => {
                 tracing::warn!(%error, namespace = %failure.namespace, jobset = %failure.jobset,
-                    pod = %failure.pod, "recording a failed pre-flight failed");
+                    pod = %failure.pod, reason, "recording a failed run failed");
                 false
             }
         }
     }
 }
 
-/// The failed runs this term has recorded (or found recorded), by Pod UID. A deleted Pod's are
-/// forgotten; across a relist, which does not say which Pods went away, only the Pods listed
-/// again keep theirs.
+/// The object reference of an owner, UID included.
+fn reference(api_version: &str, kind: &str, metadata: &ObjectMeta) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(api_version.into()),
+        kind: Some(kind.into()),
+        name: metadata.name.clone(),
+        namespace: metadata.namespace.clone(),
+        uid: metadata.uid.clone(),
+        ..ObjectReference::default()
+    }
+}
+
+/// The failed runs this term has recorded (or found recorded), by Pod UID, as their Event
+/// names. A deleted Pod's are forgotten; across a relist, which does not say which Pods went
+/// away, only the Pods listed again keep theirs.
 #[derive(Debug, Default)]
 struct Recorded {
-    runs: HashMap<String, BTreeSet<i32>>,
-    before_relist: HashMap<String, BTreeSet<i32>>,
+    runs: HashMap<String, BTreeSet<String>>,
+    before_relist: HashMap<String, BTreeSet<String>>,
 }
 
 impl Recorded {
-    fn has(&self, failure: &PreflightFailure) -> bool {
+    fn has(&self, failure: &FailedRun) -> bool {
         self.runs
             .get(&failure.pod_uid)
-            .is_some_and(|runs| runs.contains(&failure.run))
+            .is_some_and(|runs| runs.contains(&failure.event_name()))
     }
 
-    fn add(&mut self, failure: &PreflightFailure) {
+    fn add(&mut self, failure: &FailedRun) {
         self.runs
             .entry(failure.pod_uid.clone())
             .or_default()
-            .insert(failure.run);
+            .insert(failure.event_name());
     }
 
     fn relist(&mut self) {
@@ -200,7 +253,10 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
+    use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+    use crate::mpi::failed_run::{LAUNCHER_FAILED, PREFLIGHT_FAILED};
     use crate::objects::cluster::tests::synced_store;
+    use futures::FutureExt;
 
     const TIMEOUT: Duration = Duration::from_secs(2);
     const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/team/events?";
@@ -242,17 +298,51 @@ mod tests {
         pod("pi", "u-1", preflight("mpi-preflight", restarts, 1, last))
     }
 
+    /// An MPI TrainJob `tj` in `team` on ClusterTrainingRuntime `mpi` (Trainer's launcher
+    /// container: `node`).
+    fn train_job() -> TrainJob {
+        serde_json::from_value(json!({
+            "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": "tj", "namespace": "team", "uid": "tj-1"},
+            "spec": {"runtimeRef": {"name": "mpi"}}
+        }))
+        .expect("TrainJob")
+    }
+
+    fn mpi_runtime() -> TrainingRuntime {
+        let rjob = |name: &str| {
+            json!({"name": name, "template": {"spec": {"template": {"spec": {
+                "containers": [{"name": "node", "image": "mpi"}]}}}}})
+        };
+        serde_json::from_value(json!({
+            "metadata": {"name": "mpi"},
+            "spec": {"mlPolicy": {"numNodes": 2, "mpi": {"numProcPerNode": 1}},
+                     "template": {"spec": {"replicatedJobs": [rjob("launcher"), rjob("node")]}}}
+        }))
+        .expect("runtime")
+    }
+
     /// The launcher-Pod watch as replica `replica-a`, over a mock API server, with [`jobset`]
-    /// in its JobSet cache.
+    /// in its JobSet cache and [`train_job`] on [`mpi_runtime`] in its TrainJob caches.
     fn over_mock(
         leader: watch::Receiver<bool>,
         jobsets_listed: watch::Receiver<bool>,
     ) -> (LauncherPods, Handle) {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let objects = ClusterObjects::from_stores(
+            client.clone(),
+            synced_store((), vec![train_job()]),
+            synced_store(RuntimeKind::TrainingRuntime, vec![]),
+            synced_store(RuntimeKind::ClusterTrainingRuntime, vec![mpi_runtime()]),
+            CacheMetrics::default(),
+        );
         let pods = LauncherPods {
-            client: Client::new(service, "default"),
+            client,
             jobsets: synced_store((), vec![jobset()]),
             jobsets_listed,
+            objects,
+            caches_ready: futures::future::ready(()).boxed().shared(),
             leader,
             reporter: Reporter {
                 controller: "mpi-webhook".into(),
@@ -265,13 +355,13 @@ mod tests {
     }
 
     /// The watch handler over a mock API server, fed by the returned sender; the task returns the
-    /// failures it counted once the sender is dropped.
+    /// pre-flight and launcher failures it counted once the sender is dropped.
     fn launcher_pods(
         leader: bool,
     ) -> (
         Events,
         Handle,
-        tokio::task::JoinHandle<u64>,
+        tokio::task::JoinHandle<(u64, u64)>,
         watch::Sender<bool>,
     ) {
         let (leader_tx, leader_rx) = watch::channel(leader);
@@ -279,7 +369,10 @@ mod tests {
         let (tx, rx) = mpsc::unbounded();
         let task = tokio::spawn(async move {
             pods.handle_all(rx).await;
-            pods.metrics.preflight_failures()
+            (
+                pods.metrics.preflight_failures(),
+                pods.metrics.launcher_failures(),
+            )
         });
         (tx, handle, task, leader_tx)
     }
@@ -288,8 +381,22 @@ mod tests {
         events.unbounded_send(Ok(event)).expect("handler alive");
     }
 
-    /// Answers the next request, which must create an Event; its name and note.
+    /// Answers the next request, which must create a `PreflightFailed` Event on [`jobset`];
+    /// its name and note.
     async fn event_created(handle: &mut Handle, status: u16) -> (String, String) {
+        let regarding = json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+            "name": "pi", "namespace": "team", "uid": "js-1"});
+        created(handle, status, PREFLIGHT_FAILED, &regarding).await
+    }
+
+    /// Answers the next request, which must create a Warning Event `reason` regarding
+    /// `regarding`; its name and note.
+    async fn created(
+        handle: &mut Handle,
+        status: u16,
+        reason: &str,
+        regarding: &Value,
+    ) -> (String, String) {
         let (request, reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
             .await
             .expect("a request")
@@ -298,13 +405,9 @@ mod tests {
         assert_eq!(request.uri().to_string(), EVENTS);
         let bytes = request.into_body().collect_bytes().await.expect("body");
         let body: Value = serde_json::from_slice(&bytes).expect("json");
-        assert_eq!(body["reason"], PREFLIGHT_FAILED);
+        assert_eq!(body["reason"], reason);
         assert_eq!(body["type"], "Warning");
-        assert_eq!(
-            body["regarding"],
-            json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet", "name": "pi",
-                   "namespace": "team", "uid": "js-1"})
-        );
+        assert_eq!(&body["regarding"], regarding);
         assert_eq!(body["reportingInstance"], "replica-a");
         let reply_body = if status == 201 {
             body.clone()
@@ -324,7 +427,11 @@ mod tests {
     }
 
     /// Ends the handler and returns its count; no request may be left.
-    async fn finish(events: Events, mut handle: Handle, task: tokio::task::JoinHandle<u64>) -> u64 {
+    async fn finish(
+        events: Events,
+        mut handle: Handle,
+        task: tokio::task::JoinHandle<(u64, u64)>,
+    ) -> (u64, u64) {
         drop(events);
         let counted = tokio::time::timeout(TIMEOUT, task)
             .await
@@ -373,7 +480,7 @@ mod tests {
             event_created(&mut handle, 201).await,
             ("u-1.preflight-1".to_string(), LINE.to_string())
         );
-        assert_eq!(finish(events, handle, task).await, 2);
+        assert_eq!(finish(events, handle, task).await, (2, 0));
     }
 
     /// A restarted reconciler finds the Event its predecessor made (409): it counts nothing and
@@ -386,7 +493,7 @@ mod tests {
         send(&events, watcher::Event::InitDone);
         assert_eq!(event_created(&mut handle, 409).await.0, "u-1.preflight-0");
         send(&events, watcher::Event::Apply(failed(0)));
-        assert_eq!(finish(events, handle, task).await, 0);
+        assert_eq!(finish(events, handle, task).await, (0, 0));
     }
 
     /// A create that failed is tried again on the Pod's next change; a deleted Pod is forgotten.
@@ -398,14 +505,132 @@ mod tests {
         send(&events, watcher::Event::Apply(failed(0)));
         assert_eq!(event_created(&mut handle, 201).await.0, "u-1.preflight-0");
         send(&events, watcher::Event::Delete(failed(0)));
-        assert_eq!(finish(events, handle, task).await, 1);
+        assert_eq!(finish(events, handle, task).await, (1, 0));
     }
 
     #[tokio::test]
     async fn a_replica_that_does_not_lead_records_nothing() {
         let (events, handle, task, _leader) = launcher_pods(false);
         send(&events, watcher::Event::Apply(failed(0)));
-        assert_eq!(finish(events, handle, task).await, 0);
+        assert_eq!(finish(events, handle, task).await, (0, 0));
+    }
+
+    /// A launcher Pod of `jobset` whose containers are `names` (in order), with the
+    /// statuses of `statuses` and a succeeded pre-flight.
+    fn launcher(jobset: &str, uid: &str, names: &[&str], statuses: Value) -> Pod {
+        let mut pod = pod(jobset, uid, preflight("mpi-preflight", 0, 0, None));
+        pod.spec = Some(
+            serde_json::from_value(json!({"containers": names.iter()
+                .map(|n| json!({"name": n, "image": "mpi"})).collect::<Vec<_>>()}))
+            .expect("PodSpec"),
+        );
+        if let Some(status) = pod.status.as_mut() {
+            status.container_statuses = Some(serde_json::from_value(statuses).expect("statuses"));
+        }
+        pod
+    }
+
+    /// The status of container `name`: `restarts`, exit `code` now (with the output `OUT`),
+    /// and exit `last` before the last restart.
+    fn exited(name: &str, restarts: i32, code: i32, last: Option<i32>) -> Value {
+        let mut status = preflight(name, restarts, code, last);
+        status["state"]["terminated"]["message"] = json!(OUT);
+        status
+    }
+
+    const OUT: &str = "mpirun: rank 0 exited with status 3";
+
+    /// [`jobset`]'s reference.
+    fn jobset_ref() -> Value {
+        json!({"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+               "name": "pi", "namespace": "team", "uid": "js-1"})
+    }
+
+    /// JobSet mode: the JobSet's wired container (its first: no `mpi-webhook.io/container`)
+    /// fails, once per run; the same status again, a relist, a sidecar failing: nothing more.
+    #[tokio::test]
+    async fn one_launcher_failed_event_per_failed_run_of_the_wired_container() {
+        let (events, mut handle, task, _leader) = launcher_pods(true);
+        let names = ["launcher", "sidecar"];
+        let run0 = launcher("pi", "u-1", &names, json!([exited("launcher", 0, 3, None)]));
+        send(&events, watcher::Event::Apply(run0.clone()));
+        let note = format!(
+            "launcher in Pod pi-launcher-0-0-x exited with code 3 (Error); its last output:\n{OUT}"
+        );
+        assert_eq!(
+            created(&mut handle, 201, LAUNCHER_FAILED, &jobset_ref()).await,
+            ("u-1.launcher-0".to_string(), note)
+        );
+        send(&events, watcher::Event::Apply(run0.clone()));
+        send(&events, watcher::Event::Init);
+        send(&events, watcher::Event::InitApply(run0));
+        send(&events, watcher::Event::InitDone);
+        let sidecar = launcher("pi", "u-1", &names, json!([exited("sidecar", 0, 1, None)]));
+        send(&events, watcher::Event::Apply(sidecar));
+        // Restarted by kubelet and failed again: run 1 only (run 0 is in lastState).
+        let run1 = launcher(
+            "pi",
+            "u-1",
+            &names,
+            json!([exited("launcher", 1, 3, Some(3))]),
+        );
+        send(&events, watcher::Event::Apply(run1));
+        assert_eq!(
+            created(&mut handle, 201, LAUNCHER_FAILED, &jobset_ref())
+                .await
+                .0,
+            "u-1.launcher-1"
+        );
+        // A new Pod from the Job: its own run 0.
+        let next = launcher("pi", "u-2", &names, json!([exited("launcher", 0, 3, None)]));
+        send(&events, watcher::Event::Apply(next));
+        assert_eq!(
+            created(&mut handle, 201, LAUNCHER_FAILED, &jobset_ref())
+                .await
+                .0,
+            "u-2.launcher-0"
+        );
+        assert_eq!(finish(events, handle, task).await, (0, 3));
+    }
+
+    /// TrainJob mode: the TrainJob's launcher container (`node`) fails; the Event regards the
+    /// TrainJob. A launcher Pod of a JobSet that is neither ours nor a TrainJob's: nothing.
+    #[tokio::test]
+    async fn a_trainjobs_failed_launcher_is_an_event_on_the_trainjob() {
+        let (events, mut handle, task, _leader) = launcher_pods(true);
+        let failed_node = json!([exited("node", 0, 137, None)]);
+        send(
+            &events,
+            watcher::Event::Apply(launcher("stranger", "u-9", &["node"], failed_node.clone())),
+        );
+        send(
+            &events,
+            watcher::Event::Apply(launcher("tj", "u-3", &["node"], failed_node)),
+        );
+        let train_job = json!({"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                               "name": "tj", "namespace": "team", "uid": "tj-1"});
+        let (name, note) = created(&mut handle, 201, LAUNCHER_FAILED, &train_job).await;
+        assert_eq!(name, "u-3.launcher-0");
+        assert_eq!(
+            note,
+            format!(
+                "node in Pod tj-launcher-0-0-x exited with code 137 (Error); its last output:\n{OUT}"
+            )
+        );
+        assert_eq!(finish(events, handle, task).await, (0, 1));
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_does_not_lead_records_no_launcher_failure() {
+        let (events, handle, task, _leader) = launcher_pods(false);
+        let run0 = launcher(
+            "pi",
+            "u-1",
+            &["launcher"],
+            json!([exited("launcher", 0, 3, None)]),
+        );
+        send(&events, watcher::Event::Apply(run0));
+        assert_eq!(finish(events, handle, task).await, (0, 0));
     }
 
     /// The watch starts only once the JobSet cache is listed, and selects launcher Pods.
