@@ -13,6 +13,7 @@
 mod cluster;
 #[path = "../envtest/control_plane.rs"]
 mod control_plane;
+mod failures;
 #[path = "../support/prometheus.rs"]
 #[allow(dead_code)]
 mod prometheus;

@@ -28,7 +28,7 @@ const IMAGES: [(&str, &str); 3] = [
 
 /// A shipped sample in namespace `ns`: its images replaced by the offline ones (which are never
 /// pulled), the API server's own uid.
-fn sample(path: &str, ns: &str) -> Value {
+pub fn sample(path: &str, ns: &str) -> Value {
     let mut jobset = documents(path).remove(0);
     jobset["metadata"]["namespace"] = json!(ns);
     if let Some(meta) = jobset["metadata"].as_object_mut() {
@@ -61,7 +61,7 @@ fn for_each_container(jobset: &mut Value, mut f: impl FnMut(&mut Value)) {
 }
 
 /// The container list of replicatedJob `name`.
-fn containers<'a>(jobset: &'a mut Value, name: &str) -> &'a mut Value {
+pub fn containers<'a>(jobset: &'a mut Value, name: &str) -> &'a mut Value {
     let jobs = jobset["spec"]["replicatedJobs"]
         .as_array_mut()
         .expect("replicatedJobs");
@@ -73,7 +73,7 @@ fn containers<'a>(jobset: &'a mut Value, name: &str) -> &'a mut Value {
 }
 
 /// What a scenario saw, written under `target/cluster/logs/` and returned for a panic message.
-async fn diagnose(cluster: &Cluster, ns: &str) -> String {
+pub async fn diagnose(cluster: &Cluster, ns: &str) -> String {
     let client = cluster.admin();
     let mut out = String::new();
     for jobset in list(&client, "jobset.x-k8s.io/v1alpha2", "JobSet", ns).await {
@@ -530,6 +530,51 @@ async fn a_worker_without_sshd_fails_the_preflight_and_the_jobset_says_which_hos
     let _ = jobsets.delete(&name, &DeleteParams::background()).await;
 }
 
+/// Creates, in `ns`, the sample MPI TrainJob and the JobSet Trainer would create for it (owned by
+/// it, in the Trainer-like image, edited by `edit`); the JobSet's name. `serve` learns of the
+/// TrainJob from its watch, so the JobSet is retried while it is denied for want of it.
+pub async fn trainjob_and_its_jobset(
+    cluster: &Cluster,
+    ns: &str,
+    edit: impl FnOnce(&mut Value),
+) -> String {
+    let client = cluster.admin();
+    let object = |review: &str| {
+        let mut object = crate::support::json_file(&format!("manifests/samples/reviews/{review}"))
+            ["request"]["object"]
+            .clone();
+        object["metadata"]["namespace"] = json!(ns);
+        if let Some(meta) = object["metadata"].as_object_mut() {
+            for server_set in ["uid", "resourceVersion", "creationTimestamp"] {
+                meta.remove(server_set);
+            }
+        }
+        object
+    };
+    let train_job = create(&client, &object("trainjob-create-allowed.json"))
+        .await
+        .expect("create the TrainJob");
+    let mut jobset = object("jobset-create-owned-by-trainjob.json");
+    jobset["metadata"]["ownerReferences"][0]["uid"] = train_job["metadata"]["uid"].clone();
+    trainer_image(&mut jobset);
+    edit(&mut jobset);
+    let name = jobset["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let started = Instant::now();
+    loop {
+        match create(&client, &jobset).await {
+            Ok(_) => return name,
+            Err(e) if started.elapsed() < JOB_TIMEOUT => {
+                eprintln!("cluster: JobSet {ns}/{name} not yet admitted: {e}");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("create the TrainJob's JobSet: {e}"),
+        }
+    }
+}
+
 /// TrainJob mode: the JobSet Trainer would create for the sample MPI TrainJob, owned by a
 /// TrainJob object, gets its wiring from `serve` and its Secret and hostfile from the reconciler,
 /// and runs with Trainer's own commands (sshd with the image's config, `mpirun --hostfile`), one
@@ -541,45 +586,7 @@ async fn a_trainjob_mode_jobset_runs_to_completed_with_the_reconcilers_secret_an
     };
     let client = cluster.admin();
     let ns = cluster.plane.namespace("trainjob").await;
-    let review =
-        crate::support::json_file("manifests/samples/reviews/trainjob-create-allowed.json");
-    let mut train_job = review["request"]["object"].clone();
-    train_job["metadata"]["namespace"] = json!(ns);
-    if let Some(meta) = train_job["metadata"].as_object_mut() {
-        meta.remove("uid");
-        meta.remove("resourceVersion");
-        meta.remove("creationTimestamp");
-    }
-    let train_job = create(&client, &train_job)
-        .await
-        .expect("create the TrainJob");
-    let review =
-        crate::support::json_file("manifests/samples/reviews/jobset-create-owned-by-trainjob.json");
-    let mut jobset = review["request"]["object"].clone();
-    jobset["metadata"]["namespace"] = json!(ns);
-    if let Some(meta) = jobset["metadata"].as_object_mut() {
-        meta.remove("uid");
-        meta.remove("resourceVersion");
-        meta.remove("creationTimestamp");
-    }
-    jobset["metadata"]["ownerReferences"][0]["uid"] = train_job["metadata"]["uid"].clone();
-    trainer_image(&mut jobset);
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
-    // serve learns of the TrainJob from its watch: retry while it answers "not found".
-    let started = Instant::now();
-    loop {
-        match create(&client, &jobset).await {
-            Ok(_) => break,
-            Err(e) if started.elapsed() < JOB_TIMEOUT => {
-                eprintln!("cluster: JobSet {ns}/{name} not yet admitted: {e}");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-            Err(e) => panic!("create the TrainJob's JobSet: {e}"),
-        }
-    }
+    let name = trainjob_and_its_jobset(cluster, &ns, |_| {}).await;
     let took = finished(cluster, &ns, &name)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
