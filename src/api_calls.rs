@@ -62,9 +62,10 @@ pub const API_CALLS: &[ApiCall] = &[
         verbs: &["update"],
         namespaced_to_own_namespace: false,
     },
-    // reconcile, JobSet mode: the label-selected watch of every JobSet's launcher Pods
+    // reconcile: the label-selected watch of every JobSet's launcher Pods
     // (`jobset.sigs.k8s.io/replicatedjob-name=launcher`), read only, to turn a failed
-    // `mpi-preflight` init container into a PreflightFailed Event on its JobSet.
+    // `mpi-preflight` init container (JobSet mode) into a PreflightFailed Event on its JobSet,
+    // and a failed launcher container into a LauncherFailed Event on its JobSet or TrainJob.
     read(RECONCILE, "", "pods"),
     // The SSH Secret is created once and never changed (immutable): no update, patch or delete.
     // The list/watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`) and, like the
@@ -112,7 +113,8 @@ pub const API_CALLS: &[ApiCall] = &[
         namespaced_to_own_namespace: false,
     },
     // Events on TrainJobs and JobSets (kube-runtime Recorder: CREATE, then PATCH to count a
-    // repeated one; a PreflightFailed Event is only created, under a name of its own).
+    // repeated one; a PreflightFailed or LauncherFailed Event is only created, under a name of
+    // its own).
     ApiCall {
         component: RECONCILE,
         group: "events.k8s.io",

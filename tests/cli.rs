@@ -219,7 +219,7 @@ fn review_of_jobset_mode_samples_needs_no_objects_dir() {
     }
 }
 
-/// The worker-groups sample (Decision 19) as a user runs it offline: `review validate` allows it
+/// The worker-groups sample (Decision 20) as a user runs it offline: `review validate` allows it
 /// without a warning, `review mutate` wires both groups as `node` is and makes the launcher wait
 /// for both, and `render` prints the hostfile docs/jobset-mode.md shows, group by group with
 /// each group's slots.

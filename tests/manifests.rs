@@ -718,6 +718,18 @@ const VENDORED: &[(&str, &str)] = &[
         "tests/fixtures/upstream/jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
         "jobset/config/components/crd/bases/jobset.x-k8s.io_jobsets.yaml",
     ),
+    (
+        "tests/fixtures/upstream/jobset/config/components/webhook/manifests.yaml",
+        "jobset/config/components/webhook/manifests.yaml",
+    ),
+    (
+        "tests/fixtures/upstream/jobset/config/components/webhook/patches/mutating-patch.yaml",
+        "jobset/config/components/webhook/patches/mutating-patch.yaml",
+    ),
+    (
+        "tests/fixtures/upstream/jobset/config/components/webhook/patches/validating-patch.yaml",
+        "jobset/config/components/webhook/patches/validating-patch.yaml",
+    ),
 ];
 
 #[test]
@@ -997,7 +1009,7 @@ fn jobset_mode_samples_are_one_per_implementation_with_their_reviews() {
     }
 }
 
-/// `jobset-pi-openmpi-groups.yaml` (Decision 19): two worker groups with their own node
+/// `jobset-pi-openmpi-groups.yaml` (Decision 20): two worker groups with their own node
 /// selectors, listed before the launcher (so the webhook can add its dependsOn on both), 2 hosts
 /// of 1 slot and 1 host of 3; its review carries exactly it.
 #[test]

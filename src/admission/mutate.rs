@@ -10,6 +10,7 @@ use crate::api::{JobSet, JobSetSpec};
 
 use crate::field_error::aggregate;
 use crate::mpi::enforce::enforce_mpi_policy;
+use crate::mpi::hostfile::host_name_warning;
 use crate::mpi::jobset_mode::{self, Mode};
 use crate::mpi::objects_for::{Problem, Unresolved, runtime_of};
 use crate::mpi::plan::MpiPlan;
@@ -37,7 +38,8 @@ pub(super) async fn jobset<S: ObjectSource>(
             Err(e) => return Verdict::deny(format!("JobSet cannot be read: {e}")),
         },
     };
-    let plan = match jobset_mode::mode(&metadata) {
+    let mode = jobset_mode::mode(&metadata);
+    let plan = match mode {
         Mode::Plain => Ok(None),
         Mode::JobSet => jobset_mode_plan(object, metadata.clone(), options).map(Some),
         Mode::TrainJob(owner) => train_job_plan(req, &metadata, owner, objects).await,
@@ -45,7 +47,11 @@ pub(super) async fn jobset<S: ObjectSource>(
     match plan {
         Ok(Some(plan)) => match enforce_mpi_policy(&plan, object) {
             Ok(patch) => Verdict::Allow {
-                warnings: Vec::new(),
+                // Decision 19: JobSet mode denied it already; Trainer's JobSet is warned of.
+                warnings: match mode {
+                    Mode::TrainJob(_) => host_name_warning(&plan).into_iter().collect(),
+                    Mode::JobSet | Mode::Plain => Vec::new(),
+                },
                 patch: Some(patch),
             },
             Err(e) => Verdict::deny(format!("JobSet cannot be patched: {e}")),
@@ -73,7 +79,10 @@ fn jobset_mode_plan(
     let Spec { spec } =
         read::object(object).map_err(|e| Verdict::deny(format!("JobSet cannot be read: {e}")))?;
     let jobset = JobSet { metadata, spec };
-    let checked = jobset_mode::check(&jobset, &RawJson::from(object));
+    let mut checked = jobset_mode::check(&jobset, &RawJson::from(object));
+    // Mutation is CREATE only: the validating route's CREATE rule.
+    let host_names = checked.plan.as_ref().and_then(jobset_mode::host_name_error);
+    checked.errors.extend(host_names);
     match (aggregate(&checked.errors), checked.plan) {
         (Some(message), _) => Err(Verdict::deny(message)),
         (None, Some(mut plan)) => {

@@ -8,8 +8,10 @@ use serde_json::Value;
 
 use crate::api::{JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
+use crate::mpi::hostfile::host_name_warning;
 use crate::mpi::jobset_mode::{self, Mode};
 use crate::mpi::objects_for::{Problem, Resolved, Unresolved, runtime_of};
+use crate::mpi::plan::MpiPlan;
 use crate::mpi::validate::{trainer_support_warning, validate_runtime, validate_train_job};
 use crate::objects::ObjectSource;
 use crate::raw_json::RawJson;
@@ -80,11 +82,18 @@ pub(super) async fn train_job<S: ObjectSource>(
         Err(Unresolved::Lookup(error)) => return Verdict::Internal(InternalError::Lookup(error)),
     };
     let errors = validate_train_job(&train_job, &raw, &runtime, kind);
+    // Decision 19: Trainer names the JobSet and its pods after the TrainJob; warned of before
+    // anything is made (Trainer's values stay Trainer's, so never a denial).
+    let host_names = MpiPlan::new(&train_job, &runtime)
+        .ok()
+        .flatten()
+        .and_then(|plan| host_name_warning(&plan));
     Verdict::from_checks(
         aggregate(&errors),
         deprecation_warning(kind, &runtime)
             .into_iter()
             .chain(trainer_support_warning(&runtime))
+            .chain(host_names)
             .collect(),
     )
 }
@@ -146,6 +155,9 @@ pub(super) fn jobset(req: &Request, object: &Value) -> Verdict {
         Mode::JobSet => {
             let checked = jobset_mode::check(&jobset, &RawJson::from(object));
             errors.extend(checked.errors);
+            if req.request.operation == Operation::Create {
+                errors.extend(checked.plan.as_ref().and_then(jobset_mode::host_name_error));
+            }
             warnings = checked.warnings;
         }
         Mode::Plain => {}

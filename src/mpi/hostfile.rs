@@ -20,6 +20,53 @@ pub struct HostfileTooLarge {
     pub size: u128,
 }
 
+/// The longest host name of a pod of the `launcher` and every worker group of `plan` (`node`
+/// alone unless Decision 20's annotation names others), the pods that run MPI:
+/// `<jobset>-<replicatedJob>-<jobIndex>-<podIndex>` at the highest indices (the most digits).
+/// `None` when no such pod set has a pod.
+pub fn longest_host_name(plan: &MpiPlan) -> Option<String> {
+    plan.pod_sets
+        .iter()
+        .filter(|p| {
+            (p.name == LAUNCHER || plan.worker_group(&p.name).is_some())
+                && p.replicas > 0
+                && p.count > 0
+        })
+        .map(|p| {
+            format!(
+                "{}-{}-{}-{}",
+                plan.jobset_name,
+                p.name,
+                p.replicas - 1,
+                p.count - 1
+            )
+        })
+        .fold(None, |longest: Option<String>, name| match longest {
+            Some(l) if l.len() >= name.len() => Some(l),
+            _ => Some(name),
+        })
+}
+
+/// The reason a JobSet's pods would have a host name its implementation cannot live with: the
+/// detail of the denial (JobSet mode) or warning (TrainJob mode) on `metadata.name`. `None` when
+/// the implementation has no known limit, or every host name is within it.
+pub fn host_name_too_long(plan: &MpiPlan) -> Option<String> {
+    let limit = plan.implementation.host_name_limit.as_ref()?;
+    let host = longest_host_name(plan)?;
+    let length = host.chars().count();
+    (length > limit.max).then(|| {
+        format!(
+            "the longest pod host name, {host:?}, would be {length} characters, over the {} that {} accepts: {}; use a shorter name",
+            limit.max, limit.versions, limit.failure
+        )
+    })
+}
+
+/// TrainJob mode's warning, in the words of JobSet mode's denial ([`host_name_too_long`]).
+pub fn host_name_warning(plan: &MpiPlan) -> Option<String> {
+    host_name_too_long(plan).map(|detail| format!("metadata.name: {detail}"))
+}
+
 /// Size in bytes of the hostfile of `plan`, computed without building it, so that a huge
 /// numNodes is rejected before anything is allocated.
 pub fn hostfile_len(plan: &MpiPlan) -> u128 {
@@ -152,6 +199,83 @@ mod tests {
             jobset_name: "pi".into(),
             wired_container: crate::mpi::plan::WiredContainer::NamedNode,
             jobset_defaults: None,
+        }
+    }
+
+    /// [`plan`] of a JobSet named `name` with `pod_sets`.
+    fn named(name: &str, pod_sets: Vec<(&str, i64, i64)>, implementation: &str) -> MpiPlan {
+        let mut p = plan(pod_sets, false, 1, implementation);
+        p.jobset_name = name.into();
+        p
+    }
+
+    #[test]
+    fn the_longest_host_name_is_the_mpi_pod_with_the_most_digits() {
+        let p = named(
+            "pi",
+            vec![
+                ("initializer", 1, 1),
+                ("node", 2, 1_000_000),
+                ("launcher", 1, 1),
+            ],
+            "OpenMPI",
+        );
+        assert_eq!(longest_host_name(&p).as_deref(), Some("pi-node-1-999999"));
+        // The launcher's longer name wins over a short count; other pod sets never count.
+        let p = named("pi", vec![("node", 1, 2), ("launcher", 1, 1)], "OpenMPI");
+        assert_eq!(longest_host_name(&p).as_deref(), Some("pi-launcher-0-0"));
+        let p = named("pi", vec![("a-very-long-initializer", 1, 1)], "OpenMPI");
+        assert_eq!(longest_host_name(&p), None);
+        // No pod (0 replicas or parallelism): no host name.
+        let p = named("pi", vec![("node", 0, 2), ("launcher", 1, 0)], "OpenMPI");
+        assert_eq!(longest_host_name(&p), None);
+        // Every worker group's pods run MPI (Decision 20), whatever its name.
+        let mut p = named(
+            "pi",
+            vec![
+                ("node-cpu", 1, 2),
+                ("node-a100-80gb", 1, 1),
+                ("launcher", 1, 1),
+            ],
+            "OpenMPI",
+        );
+        p.worker_groups = ["node-cpu", "node-a100-80gb"]
+            .map(|name| crate::mpi::plan::WorkerGroup {
+                name: name.into(),
+                slots: 1,
+            })
+            .into();
+        assert_eq!(
+            longest_host_name(&p).as_deref(),
+            Some("pi-node-a100-80gb-0-0")
+        );
+    }
+
+    #[test]
+    fn open_mpi_takes_56_characters_and_refuses_57() {
+        let pod_sets = || vec![("node", 1, 2), ("launcher", 1, 1)];
+        // `<name>-launcher-0-0` is the name and 13 more.
+        let at_limit = named(&"a".repeat(43), pod_sets(), "OpenMPI");
+        assert_eq!(longest_host_name(&at_limit).map(|h| h.len()), Some(56));
+        assert_eq!(host_name_too_long(&at_limit), None);
+        let over = named(&"a".repeat(44), pod_sets(), "OpenMPI");
+        let host = format!("{}-launcher-0-0", "a".repeat(44));
+        assert_eq!(
+            host_name_too_long(&over),
+            Some(format!(
+                "the longest pod host name, {host:?}, would be 57 characters, over the 56 that Open MPI 4.1 accepts: its mpirun aborts with \"*** stack smashing detected ***\" (open-mpi/ompi#13358); use a shorter name"
+            ))
+        );
+        assert_eq!(
+            host_name_warning(&over).as_deref(),
+            host_name_too_long(&over)
+                .map(|d| format!("metadata.name: {d}"))
+                .as_deref()
+        );
+        // No limit known for Intel MPI or MPICH: nothing, however long.
+        for implementation in ["Intel", "MPICH"] {
+            let long = named(&"a".repeat(60), pod_sets(), implementation);
+            assert_eq!(host_name_too_long(&long), None, "{implementation}");
         }
     }
 

@@ -37,12 +37,26 @@ pub struct Implementation {
     /// would otherwise SSH to the launcher, which runs no sshd (found on MPICH 4 and Intel MPI).
     pub launcher_listed_by_pod_hostname: bool,
     /// What the user's launcher command needs for hosts of different slots (worker groups,
-    /// Decision 19) when this implementation's env alone gives every host the same count.
+    /// Decision 20) when this implementation's env alone gives every host the same count.
     pub uneven_slots: Option<UnevenSlots>,
     /// Whether stock Kubeflow Trainer's controller (through 8c0f5059) builds a JobSet for a
     /// TrainJob with this implementation. It supports Open MPI only and errors before building
     /// for anything else, so such TrainJobs wait forever; admission warns (Decision 16).
     pub built_by_trainer: bool,
+    /// The longest pod host name the implementation is known to live with, where a longer one
+    /// breaks every job (only limits measured or reported upstream; `None`: none known).
+    pub host_name_limit: Option<HostNameLimit>,
+}
+
+/// A host name length an implementation cannot go beyond, and what happens when it does.
+#[derive(Debug, PartialEq, Eq)]
+pub struct HostNameLimit {
+    /// The most characters a host name may have.
+    pub max: usize,
+    /// Which versions (`Open MPI 4.1`), as the denial names them.
+    pub versions: &'static str,
+    /// What goes wrong beyond it, and where that is known from.
+    pub failure: &'static str,
 }
 
 /// A launcher that places the same number of ranks on every host of its host file, whatever
@@ -91,6 +105,15 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         launcher_listed_by_pod_hostname: false,
         uneven_slots: None,
         built_by_trainer: true,
+        // Open MPI 4.1's mpirun overflows a stack buffer with a longer host name
+        // (open-mpi/ompi#13358, open: 4.1.6 and 4.1.8; measured on 4.1.4 in tests/mpi_launchers,
+        // `host_name_limits`: 56 runs, 57 aborts). The label does not tell 4 from 5, so the row
+        // takes 4.1's limit, although Open MPI 5.0.11 runs with 63.
+        host_name_limit: Some(HostNameLimit {
+            max: 56,
+            versions: "Open MPI 4.1",
+            failure: "its mpirun aborts with \"*** stack smashing detected ***\" (open-mpi/ompi#13358)",
+        }),
         launcher_env: &[
             // Open MPI 4 (ORTE), exactly upstream's four.
             fixed("OMPI_MCA_orte_default_hostfile", super::HOSTFILE_PATH),
@@ -118,6 +141,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
             why: "Intel MPI starts I_MPI_PERHOST ranks on every host of I_MPI_HYDRA_HOST_FILE, whatever its slots",
         }),
         built_by_trainer: false,
+        host_name_limit: None,
         launcher_env: &[
             fixed("I_MPI_HYDRA_HOST_FILE", super::HOSTFILE_PATH),
             ssh_args("I_MPI_HYDRA_BOOTSTRAP_EXEC_EXTRA_ARGS", CONNECTION_ATTEMPTS),
@@ -134,6 +158,7 @@ pub const IMPLEMENTATIONS: &[Implementation] = &[
         launcher_listed_by_pod_hostname: true,
         uneven_slots: None,
         built_by_trainer: false,
+        host_name_limit: None,
         launcher_env: &[
             fixed("HYDRA_HOST_FILE", super::HOSTFILE_PATH),
             ssh_args("HYDRA_LAUNCHER_EXTRA_ARGS", CONNECTION_ATTEMPTS),

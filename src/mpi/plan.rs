@@ -75,7 +75,7 @@ pub struct PodSet {
 }
 
 /// A worker group: a replicatedJob whose pods are MPI hosts, with their slots each (`node` in
-/// TrainJob mode; in JobSet mode those `mpi-webhook.io/worker-groups` names, Decision 19).
+/// TrainJob mode; in JobSet mode those `mpi-webhook.io/worker-groups` names, Decision 20).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WorkerGroup {
     /// replicatedJob name.
@@ -308,7 +308,7 @@ impl MpiPlan {
 
     /// The pod sets the hostfile lists, in its order, with the slots of each of their hosts:
     /// the worker groups in their order, and the launcher, when it runs as a node, before them
-    /// when it is listed before the first group's pod set, else after them (Decision 19; for
+    /// when it is listed before the first group's pod set, else after them (Decision 20; for
     /// `node` alone, D.2's template order).
     pub fn hostfile_pod_sets(&self) -> Vec<(&PodSet, i64)> {
         let group_rank = |p: &PodSet| self.worker_groups.iter().position(|g| g.name == p.name);

@@ -2,7 +2,7 @@
 //! garbage collector where a test needs it) from `KUBEBUILDER_ASSETS`, started once for this
 //! binary by [`control_plane`]; every test works in a namespace of its own, so they run in
 //! parallel (the reconciler, which watches the whole cluster, takes turns). Without assets every
-//! test passes after one line saying they were skipped.
+//! test passes after one line saying they were skipped, except under `CI=true`, where they fail.
 //!
 //! Every wait is bounded and polls; nothing asserts a duration.
 

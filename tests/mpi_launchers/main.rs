@@ -31,7 +31,7 @@
 //! pre-flight, the binary under test as the image's, as its user) to completion before its
 //! command, as kubelet does.
 //!
-//! Worker groups (Decision 19): a JobSet of two groups of different slots, at an arbitrary UID
+//! Worker groups (Decision 20): a JobSet of two groups of different slots, at an arbitrary UID
 //! with the generated ssh setup; each host must get exactly its group's slots (Intel MPI with
 //! `-machinefile`, as docs/jobset-mode.md tells its users), and a hostfile that leaves a group
 //! out must leave that group's hosts without a rank.
@@ -41,6 +41,10 @@
 //! TrainJob mode's `id_rsa` 0640 fails as root, ssh refusing the key; and the pre-flight, given a
 //! worker whose sshd is not running or a worker cluster DNS has no record for, exits 1 naming
 //! exactly that host (and port), so the launcher's command never starts.
+//!
+//! Host names (Decision 19): each launcher also runs a JobSet whose pods' host names are as long
+//! as admission lets through, and `host_name_limits` measures where each launcher itself fails
+//! (Open MPI 4.1 beyond 56 characters; the others run with 63, the most a pod's can have).
 //!
 //! Needs root, iproute2, util-linux, openssh-server and the launchers:
 //! `scripts/install-mpi-launchers.sh`. Missing prerequisites fail the test under CI=true and skip
@@ -111,6 +115,10 @@ enum Wiring {
     /// places no rank on that group's hosts, so the placement the documented hostfile gives is
     /// not met (the check the `Product` case passes can fail).
     GroupLeftOut,
+    /// Exactly the patched JobSet, named so that its longest pod host name (the launcher's,
+    /// `<name>-launcher-0-0`, every pod's UTS name as in a real pod) has this many characters
+    /// (Decision 19).
+    LongHostNames(usize),
 }
 
 impl Wiring {
@@ -255,6 +263,10 @@ fn scenario(
     let name = match mode {
         Mode::TrainJob => format!("{}-{lan_part}", l.id),
         Mode::JobSet(_) => format!("{}-js-{lan_part}", l.id),
+    };
+    let name = match wiring {
+        Wiring::LongHostNames(length) => padded(&name, length.saturating_sub(LAUNCHER_HOST.len())),
+        _ => name,
     };
     let mut command = vec![
         l.program.to_string_lossy().into_owned(),
@@ -732,7 +744,7 @@ fn scenario(
     let mode = format!("{} runLauncherAsNode={lan}", mode.label());
 
     match wiring {
-        Wiring::Product => {
+        Wiring::Product | Wiring::LongHostNames(_) => {
             let want: BTreeMap<String, u32> = expected_pods
                 .iter()
                 .map(|(pod, (_, slots))| (pod.clone(), *slots))
@@ -751,9 +763,15 @@ fn scenario(
                      {slots} per host expected"
                 )));
             }
+            let longest = match wiring {
+                Wiring::LongHostNames(length) => {
+                    format!(" with host names of up to {length} characters ({launcher_host})")
+                }
+                _ => String::new(),
+            };
             Ok(Outcome {
                 line: format!(
-                    "{:<10} {version:<10} {mode:<38} hosts reached {}/{} ranks per host: {placement}{settings}",
+                    "{:<10} {version:<10} {mode:<38} hosts reached {}/{}{longest} ranks per host: {placement}{settings}",
                     l.label,
                     per_host.len(),
                     want.len()
@@ -806,6 +824,19 @@ fn scenario(
             })
         }
     }
+}
+
+/// What the launcher's pod host name adds to the JobSet's name (with the launcher run as a
+/// node or not, the longest host name of the JobSets here).
+const LAUNCHER_HOST: &str = "-launcher-0-0";
+
+/// `name`, padded with `x` to `length` characters (a DNS label still: it ends in a letter).
+fn padded(name: &str, length: usize) -> String {
+    let pad = length.saturating_sub(name.len() + 1);
+    if pad == 0 {
+        return name.to_string();
+    }
+    format!("{name}-{}", "x".repeat(pad))
 }
 
 /// Whether the JobSet opts out of the pre-flight.
@@ -872,7 +903,7 @@ fn check_jobset_mode_patch(
         let port = shape.ssh_port();
         let pod =
             |i: usize| &after["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
-        // The workers (every worker group, Decision 19) are listed first, then the launcher.
+        // The workers (every worker group, Decision 20) are listed first, then the launcher.
         let l = workers.len();
         let sshd = if generated {
             serde_json::json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
@@ -1037,7 +1068,7 @@ enum Suite {
     Main,
     /// JobSet mode's `generated` ssh setup: pods at an arbitrary UID, and as root.
     AnyUid,
-    /// Worker groups (Decision 19): one mpirun across two groups of different slots.
+    /// Worker groups (Decision 20): one mpirun across two groups of different slots.
     WorkerGroups,
 }
 
@@ -1134,6 +1165,20 @@ fn main_cases(l: &Launcher, spec_model: bool) -> Vec<(Mode, bool, Wiring)> {
                 Mode::JobSet(JobSetShape::IMAGE),
                 false,
                 Wiring::GroupReadableKey,
+            ));
+        }
+        // Decision 19: every family with host names as long as admission lets through: 63
+        // characters (a DNS label, the most a pod's may have) where no limit is known, 56 for
+        // the OpenMPI label. `host_name_limits` measures where each family's launcher fails.
+        if let Some(length) = match l.id {
+            "mpich4" | "mpich5" | "impi" => Some(63),
+            "ompi4" | "ompi5" => Some(56),
+            _ => None,
+        } {
+            cases.push((
+                Mode::JobSet(JobSetShape::IMAGE),
+                false,
+                Wiring::LongHostNames(length),
             ));
         }
         // The pre-flight's negative controls, once per hostfile syntax.
@@ -1312,4 +1357,100 @@ fn run_suite(suite: Suite) {
         started.elapsed().as_secs_f64()
     ));
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// The longest host name each family's launcher lives with, measured where it fails: the
+/// launcher starting 2 processes on its own host (`-np 2 true`), in a UTS namespace whose host
+/// name has the length under test (Decision 19). Open MPI 4.1's `mpirun` aborts with "stack
+/// smashing detected" from 57 characters on (open-mpi/ompi#13358; 4.1.4 here too); the others
+/// run with 63, the longest a pod's host name can be. Fails when a limit moves.
+#[test]
+fn host_name_limits() {
+    let _one = ONE_SUITE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let ci = prereq::in_ci();
+    let only = std::env::var("MPI_LAUNCHERS_ONLY").ok();
+    let mut failures = Vec::new();
+    for l in launchers::all() {
+        if only
+            .as_ref()
+            .is_some_and(|only| !only.split(',').any(|o| o == l.id))
+        {
+            continue;
+        }
+        let missing = prereq::missing_for(&l);
+        if !missing.is_empty() {
+            assert!(!ci, "host_name_limits: missing under CI: {missing:?}");
+            say(&format!(
+                "{}: host name limits skipped: {missing:?}",
+                l.label
+            ));
+            continue;
+        }
+        // (length, whether the launcher must survive it)
+        let cases: &[(usize, bool)] = match l.id {
+            "ompi4" => &[(56, true), (57, false)],
+            _ => &[(63, true)],
+        };
+        for &(length, survives) in cases {
+            match launch_locally(&l, length) {
+                Ok(out) => {
+                    let smashed = out.stderr.contains(STACK_SMASHING);
+                    let ok = if survives {
+                        out.success()
+                    } else {
+                        !out.success() && smashed
+                    };
+                    let verdict = if out.success() {
+                        "runs".to_string()
+                    } else {
+                        format!("aborts ({STACK_SMASHING:?}: {smashed})")
+                    };
+                    let line = format!(
+                        "{:<10} {:<10} host name of {length} characters: {verdict}",
+                        l.label,
+                        l.version()
+                    );
+                    say(&line);
+                    if !ok {
+                        failures.push(format!("{line}: {}", out.describe()));
+                    }
+                }
+                Err(e) => failures.push(format!("{} at {length}: {e:#}", l.label)),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+/// What glibc prints when a stack buffer overflow is caught.
+const STACK_SMASHING: &str = "stack smashing detected";
+
+/// `l`'s launcher starting 2 processes of `true` on its own host, named `length` characters, in
+/// a UTS namespace of its own, with a temporary directory of its own: an aborted `mpirun` leaves
+/// its session directory behind.
+fn launch_locally(l: &Launcher, length: usize) -> Result<proc::Output> {
+    let tmp = tempfile::Builder::new()
+        .prefix(&format!("{}{}-", cluster::TMP_PREFIX, std::process::id()))
+        .tempdir()?;
+    let host = "h".repeat(length);
+    let np = match l.implementation {
+        "OpenMPI" => "--allow-run-as-root --oversubscribe -np 2",
+        _ => "-n 2",
+    };
+    let script = format!(
+        "echo {host} > /proc/sys/kernel/hostname && exec {} {np} true",
+        l.program.display()
+    );
+    proc::run(
+        std::process::Command::new("unshare")
+            .args(["--uts", "--", "/bin/sh", "-c", &script])
+            .current_dir("/")
+            .env_clear()
+            .env("PATH", l.path_env())
+            .env("HOME", "/root")
+            .env("TMPDIR", tmp.path()),
+        LAUNCH_TIMEOUT,
+    )
 }

@@ -54,7 +54,7 @@ pub struct JobSetShape {
     pub any_uid: bool,
     /// `mpi-webhook.io/preflight: "false"`.
     pub no_preflight: bool,
-    /// Two worker groups (Decision 19) instead of `node`: [`GROUPS`], named by
+    /// Two worker groups (Decision 20) instead of `node`: [`GROUPS`], named by
     /// `mpi-webhook.io/worker-groups`, the second's slots from `mpi-webhook.io/slots-per-group`.
     pub groups: bool,
 }

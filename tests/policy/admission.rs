@@ -389,6 +389,39 @@ async fn jobset_owned_by_an_mpi_trainjob_is_patched_once() {
     );
 }
 
+/// Decision 19 in TrainJob mode: a warning, never a denial (Trainer's values stay Trainer's), on
+/// the TrainJob before anything is made and on the JobSet Trainer makes, in the words of JobSet
+/// mode's denial. `<name>-launcher-0-0` is the longest host name: the name and 13 more.
+#[tokio::test]
+async fn a_trainjob_whose_host_names_open_mpi_cannot_take_is_warned_of_twice() {
+    for (length, warned) in [(43, false), (44, true)] {
+        let name = "t".repeat(length);
+        let rt = mpi_runtime();
+        let mut tj = train_job(json!({"numNodes": 3}));
+        tj["metadata"]["name"] = json!(name);
+        let objects = snapshot(
+            &[(RuntimeKind::TrainingRuntime, rt.clone())],
+            std::slice::from_ref(&tj),
+        );
+        let warnings = if warned {
+            json!([format!(
+                r#"metadata.name: the longest pod host name, "{name}-launcher-0-0", would be 57 characters, over the 56 that Open MPI 4.1 accepts: its mpirun aborts with "*** stack smashing detected ***" (open-mpi/ompi#13358); use a shorter name"#
+            )])
+        } else {
+            Value::Null
+        };
+        let body = admission_review(TRAINJOB, "CREATE", tj.clone());
+        let validated = respond(Route::ValidateTrainJob, &body, &objects).await;
+        assert_eq!(validated["response"]["allowed"], true, "{length}");
+        assert_eq!(validated["response"]["warnings"], warnings, "{length}");
+        let body = admission_review(JOBSET, "CREATE", jobset(&rt, &tj));
+        let mutated = respond(Route::MutateJobSet, &body, &objects).await;
+        assert_eq!(mutated["response"]["allowed"], true, "{length}");
+        assert_eq!(mutated["response"]["patchType"], "JSONPatch", "{length}");
+        assert_eq!(mutated["response"]["warnings"], warnings, "{length}");
+    }
+}
+
 /// The mutate route reads a borrowed view of the JobSet (`mpi::enforce`). Wherever the policy
 /// reads or writes, a value of the wrong type, a value already in place, an unknown field or a
 /// duplicate key must give the answer the reference mutation gives on the whole document.

@@ -54,7 +54,7 @@ pub fn plan_fingerprint(plan: &MpiPlan) -> Value {
         "sshPort": plan.ssh_port(),
         "preflightImage": plan.preflight_image(),
     });
-    // Worker groups (Decision 19) other than `node` alone: keyed too, and only then, so every
+    // Worker groups (Decision 20) other than `node` alone: keyed too, and only then, so every
     // case recorded before them keeps its key.
     if plan.worker_groups.len() != 1 || plan.worker_groups[0].name != "node" {
         fingerprint["workerGroups"] = json!(

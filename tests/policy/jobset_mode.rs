@@ -618,6 +618,39 @@ async fn a_hostfile_over_a_configmap_is_denied() {
     );
 }
 
+/// `jobset` renamed `name`.
+fn renamed(jobset: Value, name: &str) -> Value {
+    let mut jobset = jobset;
+    jobset["metadata"]["name"] = json!(name);
+    jobset
+}
+
+/// Decision 19: Open MPI 4.1 takes host names of up to 56 characters. The longest here is the
+/// launcher's, `<name>-launcher-0-0`: the name and 13 more.
+#[tokio::test]
+async fn open_mpi_denies_a_name_whose_host_names_are_over_56_characters_at_creation() {
+    let at_limit = renamed(jobset("OpenMPI", json!({}), rjobs()), &"a".repeat(43));
+    assert_eq!(validate(at_limit.clone()).await["allowed"], true);
+    let mutated = review(Route::MutateJobSet, "CREATE", at_limit, None).await;
+    assert_eq!(mutated["allowed"], true, "{mutated}");
+    let name = "b".repeat(44);
+    let over = renamed(jobset("OpenMPI", json!({}), rjobs()), &name);
+    assert_eq!(
+        denial(over.clone()).await,
+        format!(
+            r#"metadata.name: Invalid value: "{name}": the longest pod host name, "{name}-launcher-0-0", would be 57 characters, over the 56 that Open MPI 4.1 accepts: its mpirun aborts with "*** stack smashing detected ***" (open-mpi/ompi#13358); use a shorter name"#
+        )
+    );
+    // An UPDATE of a JobSet made before the rule (Kueue's suspend, a label) is not refused.
+    let updated = review(Route::ValidateJobSet, "UPDATE", over.clone(), Some(over)).await;
+    assert_eq!(updated["allowed"], true, "{updated}");
+    // No limit is known for Intel MPI or MPICH.
+    for implementation in ["Intel", "MPICH"] {
+        let long = renamed(jobset(implementation, json!({}), rjobs()), &name);
+        assert_eq!(validate(long).await["allowed"], true, "{implementation}");
+    }
+}
+
 #[tokio::test]
 async fn on_update_the_label_and_annotations_are_immutable() {
     let old = jobset(
@@ -1470,7 +1503,7 @@ async fn a_success_policy_the_user_chose_is_kept() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Worker groups (Decision 19): several replicatedJobs of MPI hosts
+// Worker groups (Decision 20): several replicatedJobs of MPI hosts
 
 const GROUPS: &str = "mpi-webhook.io/worker-groups";
 const SLOTS_PER_GROUP: &str = "mpi-webhook.io/slots-per-group";

@@ -310,7 +310,7 @@ pub fn wired(plan: &MpiPlan, jobset: &Value) -> Result<Value, MutationError> {
         Some(Value::Array(rjobs)) => rjobs,
         Some(other) => return Err(wrong_type("spec.replicatedJobs", other, "an array")),
     };
-    // The worker groups (`node`, or Decision 19's) listed so far: the launcher depends on them
+    // The worker groups (`node`, or Decision 20's) listed so far: the launcher depends on them
     // only when all are.
     let groups: Vec<&str> = plan.worker_groups.iter().map(|g| g.name.as_str()).collect();
     let mut seen: Vec<String> = Vec::new();

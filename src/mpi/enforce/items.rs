@@ -147,7 +147,7 @@ pub fn sshd_readiness_probe(port: u16) -> Value {
 }
 
 /// JobSet mode: the launcher's `dependsOn` when it has none and every worker group (`node`, or
-/// those of Decision 19) is listed before it: each group Ready, in the groups' order.
+/// those of Decision 20) is listed before it: each group Ready, in the groups' order.
 pub fn depends_on_ready_groups<'g>(groups: impl Iterator<Item = &'g str>) -> Value {
     groups
         .map(|name| json!({"name": name, "status": "Ready"}))

@@ -80,7 +80,7 @@ enum Role {
     /// `launcher`, with whether JobSet lets it depend on the workers: every worker group is
     /// listed before it and the JobSet has no `startupPolicyOrder: InOrder`.
     Launcher { may_depend_on_node: bool },
-    /// A worker group: `node`, or one `mpi-webhook.io/worker-groups` names (Decision 19).
+    /// A worker group: `node`, or one `mpi-webhook.io/worker-groups` names (Decision 20).
     Node,
 }
 

@@ -14,5 +14,5 @@ pub mod rules;
 pub mod settings;
 pub mod ssh_setup;
 
-pub use rules::{Checked, check, immutable_errors, label_on_train_job_error};
+pub use rules::{Checked, check, host_name_error, immutable_errors, label_on_train_job_error};
 pub use settings::*;

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 
 use crate::api::jobset::{JobSet, ReplicatedJob};
 use crate::field_error::{BadValue, FieldError, go_quote};
-use crate::mpi::hostfile::check_hostfile_size;
+use crate::mpi::hostfile::{check_hostfile_size, host_name_too_long};
 use crate::mpi::plan::{MpiPlan, WiredContainer};
 use crate::mpi::validate::reserved_env_names_error;
 use crate::mpi::{HOSTFILE_PATH, LAUNCHER, NODE, SSH_AUTH_VOLUME};
@@ -32,7 +32,7 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
     let mut checked = Checked::default();
     let errors = &mut checked.errors;
     let launcher = jobset.replicated_job(LAUNCHER);
-    // The worker groups (Decision 19) found in the JobSet, in the groups' order; when the
+    // The worker groups (Decision 20) found in the JobSet, in the groups' order; when the
     // annotation does not parse, `node` stands in for the checks of its pods (the settings
     // report the annotation).
     let named = worker_groups(&jobset.metadata);
@@ -290,6 +290,19 @@ fn container_errors<'j>(
             }
         })
         .collect()
+}
+
+/// Decision 19: the pods' host names are within what the implementation lives with, on
+/// `metadata.name` (the only part of them a user chooses freely). For CREATE only: the name
+/// cannot change afterwards, and an UPDATE of a JobSet made before the rule (a label, Kueue's
+/// `suspend`) must stay possible.
+pub fn host_name_error(plan: &MpiPlan) -> Option<FieldError> {
+    let detail = host_name_too_long(plan)?;
+    Some(FieldError::invalid(
+        "metadata.name",
+        BadValue::Str(plan.jobset_name.clone()),
+        detail,
+    ))
 }
 
 /// Decision 8: the hostfile fits a ConfigMap; reported on the pod count of `rjob` (the first

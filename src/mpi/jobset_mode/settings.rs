@@ -31,9 +31,9 @@ pub const PREFLIGHT_ANNOTATION: &str = "mpi-webhook.io/preflight";
 /// container, or the image (its sshd_config, host keys and client settings).
 pub const SSH_SETUP_ANNOTATION: &str = "mpi-webhook.io/ssh-setup";
 /// Annotation: the replicatedJobs whose pods are the MPI hosts, comma-separated, in hostfile
-/// order (Decision 19); absent means `node`.
+/// order (Decision 20); absent means `node`.
 pub const WORKER_GROUPS_ANNOTATION: &str = "mpi-webhook.io/worker-groups";
-/// Annotation: slots per host of some worker groups, `<group>=<N>` comma-separated (Decision 19).
+/// Annotation: slots per host of some worker groups, `<group>=<N>` comma-separated (Decision 20).
 pub const SLOTS_PER_GROUP_ANNOTATION: &str = "mpi-webhook.io/slots-per-group";
 /// Every annotation JobSet mode reads; like the label, fixed once the JobSet exists.
 pub const SETTING_ANNOTATIONS: [&str; 10] = [
@@ -152,7 +152,7 @@ pub struct Settings {
 }
 
 impl Settings {
-    /// The slots of worker group `group` as far as the annotations say (Decision 19): its
+    /// The slots of worker group `group` as far as the annotations say (Decision 20): its
     /// `slots-per-group` entry, else `slots-per-node`; `None` to count its GPUs (Decision 3).
     pub fn slots_of(&self, group: &str) -> Option<i64> {
         self.slots_per_group
