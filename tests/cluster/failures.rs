@@ -62,10 +62,12 @@ async fn a_failed_launcher_leaves_its_exit_code_and_last_words_on_the_jobset() {
     let ns = cluster.plane.namespace("launcher-failed").await;
     let jobset = failing_jobset(
         &ns,
+        // One stream: the kubelet keeps stdout and stderr in the order each was read, not
+        // necessarily the order they were written.
         json!([
             "sh",
             "-c",
-            "echo rank 0 is fine; echo rank 1 lost its input >&2; exit 3"
+            "echo rank 0 is fine; echo rank 1 lost its input; exit 3"
         ]),
         None,
     );
