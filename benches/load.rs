@@ -5,7 +5,7 @@
 //! 2. starts `mpi-webhook serve --objects-dir DIR` (DIR: copies of `manifests/runtimes` and
 //!    `manifests/samples`) with that certificate, and the *baseline*: this same bench binary
 //!    re-executed as an HTTPS server with serve's own rustls configuration
-//!    (`mpi_webhook::tls::server_config`, ring, TLS 1.3/1.2) and the same hyper connection
+//!    (`mpi_webhook::tls::server_config`, aws-lc-rs, TLS 1.3/1.2) and the same hyper connection
 //!    builder, which reads the body and answers with a fixed AdmissionReview (the very bytes
 //!    serve returns for the sample, so response sizes are equal);
 //! 3. drives the validate and mutate routes of each, one server at a time, with the README's

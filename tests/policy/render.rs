@@ -142,13 +142,19 @@ fn secret_and_configmap_have_exactly_the_spec_fields() {
 #[test]
 fn generated_secret_keys_pair_up() {
     let keys = generate_key_pair().expect("keys");
-    let private = p521::SecretKey::from_sec1_pem(&keys.private_key_pem).expect("SEC1 PEM on P-521");
+    let (_, der) = sec1::der::pem::decode_vec(keys.private_key_pem.as_bytes()).expect("PEM");
+    // AWS-LC checks that the key's stored public point is its scalar's.
+    let private = aws_lc_rs::signature::EcdsaKeyPair::from_private_key_der(
+        &aws_lc_rs::signature::ECDSA_P521_SHA512_ASN1_SIGNING,
+        &der,
+    )
+    .expect("SEC1 on P-521");
     let public =
         ssh_key::PublicKey::from_openssh(keys.public_key_line.trim_end()).expect("OpenSSH line");
-    use p521::elliptic_curve::sec1::ToEncodedPoint;
+    use aws_lc_rs::signature::KeyPair;
     assert_eq!(
         public.key_data().ecdsa().expect("ecdsa").as_sec1_bytes(),
-        private.public_key().to_encoded_point(false).as_bytes()
+        private.public_key().as_ref()
     );
 }
 

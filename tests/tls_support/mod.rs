@@ -19,7 +19,7 @@ use serde_json::Value;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-/// Installs the ring provider once per test binary, as main does.
+/// Installs the aws-lc-rs provider once per test binary, as main does.
 pub fn init() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
@@ -95,7 +95,7 @@ pub fn client_config_with(
         }
     }
     let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
+        rustls::crypto::aws_lc_rs::default_provider(),
     ))
     .with_protocol_versions(versions)
     .unwrap()
