@@ -364,33 +364,51 @@ impl Cluster {
         )
         .await?;
 
-        let admin = self.admin();
         let url = format!("https://127.0.0.1:{webhook_port}");
-        for mut configuration in documents(JOBSET_WEBHOOKS) {
+        self.register_webhooks(
+            JOBSET_WEBHOOKS,
+            "jobset-",
+            &url,
+            &certs.ca_bundle(),
+            |webhook, path| {
+                // Upstream's kustomize patches: the pod webhooks see only JobSet's pods.
+                if path.ends_with("-v1-pod") {
+                    webhook["objectSelector"] = json!({"matchExpressions": [
+                    {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]});
+                }
+            },
+        )
+        .await;
+        Ok(())
+    }
+
+    /// Applies the webhook configurations of the repository file `path` (names prefixed with
+    /// `prefix`), each webhook pointed at `url` plus its shipped path and trusting `ca_bundle`,
+    /// then edited by `edit` (given the path).
+    async fn register_webhooks(
+        &self,
+        path: &str,
+        prefix: &str,
+        url: &str,
+        ca_bundle: &str,
+        edit: impl Fn(&mut Value, &str),
+    ) {
+        let admin = self.admin();
+        for mut configuration in documents(path) {
             for webhook in configuration["webhooks"]
                 .as_array_mut()
                 .into_iter()
                 .flatten()
             {
-                let path = webhook["clientConfig"]["service"]["path"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                webhook["clientConfig"] =
-                    json!({"url": format!("{url}{path}"), "caBundle": certs.ca_bundle()});
-                // Upstream's kustomize patches: the pod webhooks see only JobSet's pods.
-                if path.ends_with("-v1-pod") {
-                    webhook["objectSelector"] = json!({"matchExpressions": [
-                        {"key": "jobset.sigs.k8s.io/jobset-name", "operator": "Exists"}]});
-                }
+                let path = crate::support::to_url(webhook, url, ca_bundle);
+                edit(webhook, &path);
             }
-            configuration["metadata"]["name"] = json!(format!(
-                "jobset-{}",
-                configuration["metadata"]["name"].as_str().unwrap_or("")
-            ));
+            let name = configuration["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default();
+            configuration["metadata"]["name"] = json!(format!("{prefix}{name}"));
             apply(&admin, &configuration, "cluster").await;
         }
-        Ok(())
     }
 
     /// `mpi-webhook serve` and `reconcile` with the Deployment's flags, as the shipped
@@ -449,23 +467,16 @@ impl Cluster {
             ],
         )?;
 
-        let admin = self.admin();
         let url = format!("https://127.0.0.1:{port}");
-        for mut configuration in documents("manifests/base/webhooks.yaml") {
-            for webhook in configuration["webhooks"]
-                .as_array_mut()
-                .into_iter()
-                .flatten()
-            {
-                let path = webhook["clientConfig"]["service"]["path"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                webhook["clientConfig"] =
-                    json!({"url": format!("{url}{path}"), "caBundle": certs.ca_bundle()});
-            }
-            apply(&admin, &configuration, "cluster").await;
-        }
+        self.register_webhooks(
+            "manifests/base/webhooks.yaml",
+            "",
+            &url,
+            &certs.ca_bundle(),
+            |_, _| {},
+        )
+        .await;
+        let admin = self.admin();
 
         // Both webhooks answer: a JobSet-mode JobSet with an unknown implementation is denied by
         // ours, after passing JobSet's own mutating webhook.

@@ -9,7 +9,7 @@ use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{self, Cluster};
-use crate::scenarios::{containers, diagnose, sample, trainjob_and_its_jobset};
+use crate::scenarios::{containers, name_of, sample, trainjob_and_its_jobset, until};
 use crate::support::{api_for, create, events};
 
 /// How long until the launcher's first run failed and the reconciler said so.
@@ -19,21 +19,19 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(240);
 async fn launcher_failed(cluster: &Cluster, ns: &str) -> Value {
     let client = cluster.admin();
     let started = Instant::now();
-    loop {
-        if let Some(event) = events(&client, ns, "LauncherFailed").await.pop() {
-            eprintln!(
-                "cluster: LauncherFailed in {ns} after {:.0?}",
-                started.elapsed()
-            );
-            return event;
-        }
-        assert!(
-            started.elapsed() < EVENT_TIMEOUT,
-            "no LauncherFailed Event\n{}",
-            diagnose(cluster, ns).await
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+    let event = until(
+        cluster,
+        ns,
+        "LauncherFailed Event",
+        EVENT_TIMEOUT,
+        || async { events(&client, ns, "LauncherFailed").await.pop() },
+    )
+    .await;
+    eprintln!(
+        "cluster: LauncherFailed in {ns} after {:.0?}",
+        started.elapsed()
+    );
+    event
 }
 
 /// A JobSet-mode sample whose launcher runs `command` (and, with a limit, `memory`).
@@ -48,9 +46,9 @@ fn failing_jobset(ns: &str, command: Value, memory: Option<&str>) -> Value {
 }
 
 async fn delete(cluster: &Cluster, jobset: &Value) {
-    let name = jobset["metadata"]["name"].as_str().unwrap_or_default();
+    let name = name_of(jobset);
     let _ = api_for(&cluster.admin(), jobset, None)
-        .delete(name, &DeleteParams::background())
+        .delete(&name, &DeleteParams::background())
         .await;
 }
 
@@ -71,10 +69,7 @@ async fn a_failed_launcher_leaves_its_exit_code_and_last_words_on_the_jobset() {
         ]),
         None,
     );
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let name = name_of(&jobset);
     create(&cluster.admin(), &jobset)
         .await
         .expect("create the JobSet");

@@ -165,6 +165,41 @@ async fn finished(cluster: &Cluster, ns: &str, name: &str) -> Result<Duration, S
     }
 }
 
+/// Polls `check` every half second until it returns `Some`; after `limit`, fails saying what
+/// was awaited and what the cluster shows in `ns`.
+pub async fn until<T, F, Fut>(
+    cluster: &Cluster,
+    ns: &str,
+    what: &str,
+    limit: Duration,
+    mut check: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let started = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "no {what} within {limit:?}\n{}",
+            diagnose(cluster, ns).await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The name of an object, as JSON.
+pub fn name_of(object: &Value) -> String {
+    object["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Prints the log of each failed launcher run seen since the last call (the kubelet drops it
 /// once the pod is gone), so a restart that the test tolerates still says why.
 async fn report_restarts(client: &Client, ns: &str, name: &str, seen: &mut i32) {
@@ -285,10 +320,7 @@ async fn shipped_sample_runs(path: &str, prefix: &str) {
     };
     let ns = cluster.plane.namespace(prefix).await;
     let jobset = sample(path, &ns);
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let name = name_of(&jobset);
     let log = run_to_completed(cluster, &jobset, "launcher").await;
     assert_ranks_on_every_worker(cluster, &ns, &name, &log).await;
     assert_ran_once(cluster, &ns, &name).await;
@@ -344,10 +376,7 @@ async fn the_restricted_sample_runs_at_an_arbitrary_uid_with_verified_host_keys(
     };
     let ns = restricted_namespace(cluster, "restricted").await;
     let jobset = sample("manifests/samples/jobset-pi-openmpi-restricted.yaml", &ns);
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let name = name_of(&jobset);
     let log = run_to_completed(cluster, &jobset, "launcher").await;
     assert_ranks_on_every_worker(cluster, &ns, &name, &log).await;
     assert_ran_once(cluster, &ns, &name).await;
@@ -376,10 +405,7 @@ async fn a_jobset_deleted_mid_run_leaves_nothing_behind() {
     let mut jobset = sample("manifests/samples/jobset-pi-openmpi.yaml", &ns);
     jobset["metadata"]["annotations"]["mpi-webhook.io/network-policy"] = json!("true");
     containers(&mut jobset, "launcher")[0]["command"] = json!(["sleep", "3600"]);
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let name = name_of(&jobset);
     create(&client, &jobset).await.expect("create the JobSet");
     let owned = [
         ("v1", "Secret", format!("{name}-mpi-ssh-auth")),
@@ -391,9 +417,8 @@ async fn a_jobset_deleted_mid_run_leaves_nothing_behind() {
         ),
     ];
     // Running: the launcher's main container started (after the workers were Ready).
-    let started = Instant::now();
-    loop {
-        let running = pods_of(&client, &ns, &name, "launcher")
+    until(cluster, &ns, "running launcher", JOB_TIMEOUT, || async {
+        pods_of(&client, &ns, &name, "launcher")
             .await
             .iter()
             .any(|p| {
@@ -404,17 +429,10 @@ async fn a_jobset_deleted_mid_run_leaves_nothing_behind() {
                         cs.iter()
                             .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
                     })
-            });
-        if running {
-            break;
-        }
-        assert!(
-            started.elapsed() < JOB_TIMEOUT,
-            "the launcher never ran\n{}",
-            diagnose(cluster, &ns).await
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+            })
+            .then_some(())
+    })
+    .await;
     for (api_version, kind, object) in &owned {
         assert!(
             get_json(&client, api_version, kind, &ns, object)
@@ -429,35 +447,36 @@ async fn a_jobset_deleted_mid_run_leaves_nothing_behind() {
         .await
         .expect("delete the JobSet");
     let deleted = Instant::now();
-    loop {
-        let mut left = Vec::new();
-        for (api_version, kind, object) in &owned {
-            if get_json(&client, api_version, kind, &ns, object)
-                .await
-                .is_some()
-            {
-                left.push(format!("{kind} {object}"));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    until(
+        cluster,
+        &ns,
+        "deletion of everything the JobSet owned",
+        JOB_TIMEOUT,
+        || async {
+            let mut left = Vec::new();
+            for (api_version, kind, object) in &owned {
+                if get_json(&client, api_version, kind, &ns, object)
+                    .await
+                    .is_some()
+                {
+                    left.push(format!("{kind} {object}"));
+                }
             }
-        }
-        let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-        left.extend(
-            pods.list(&ListParams::default())
-                .await
-                .expect("list pods")
-                .items
-                .into_iter()
-                .map(|p| format!("Pod {}", p.metadata.name.unwrap_or_default())),
-        );
-        if left.is_empty() {
-            break;
-        }
-        assert!(
-            deleted.elapsed() < JOB_TIMEOUT,
-            "left behind after the JobSet's deletion: {left:?}\n{}",
-            diagnose(cluster, &ns).await
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+            let listed = pods.list(&ListParams::default()).await.expect("list pods");
+            left.extend(
+                listed
+                    .items
+                    .into_iter()
+                    .map(|p| format!("Pod {}", p.metadata.name.unwrap_or_default())),
+            );
+            if !left.is_empty() {
+                eprintln!("cluster: left after the JobSet's deletion so far: {left:?}");
+            }
+            left.is_empty().then_some(())
+        },
+    )
+    .await;
     eprintln!(
         "cluster: JobSet {ns}/{name} and all it owned gone in {:.0?}",
         deleted.elapsed()
@@ -486,23 +505,17 @@ async fn a_worker_without_sshd_fails_the_preflight_and_the_jobset_says_which_hos
     let worker = &mut containers(&mut jobset, "node")[0];
     worker["command"] = json!(["sleep", "3600"]);
     worker["readinessProbe"] = json!({"exec": {"command": ["true"]}, "periodSeconds": 2});
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let name = name_of(&jobset);
     create(&client, &jobset).await.expect("create the JobSet");
     let started = Instant::now();
-    let event = loop {
-        if let Some(event) = events(&client, &ns, "PreflightFailed").await.pop() {
-            break event;
-        }
-        assert!(
-            started.elapsed() < PREFLIGHT_TIMEOUT,
-            "no PreflightFailed Event\n{}",
-            diagnose(cluster, &ns).await
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+    let event = until(
+        cluster,
+        &ns,
+        "PreflightFailed Event",
+        PREFLIGHT_TIMEOUT,
+        || async { events(&client, &ns, "PreflightFailed").await.pop() },
+    )
+    .await;
     eprintln!(
         "cluster: PreflightFailed on {ns}/{name} after {:.0?}",
         started.elapsed()
@@ -558,10 +571,7 @@ pub async fn trainjob_and_its_jobset(
     jobset["metadata"]["ownerReferences"][0]["uid"] = train_job["metadata"]["uid"].clone();
     trainer_image(&mut jobset);
     edit(&mut jobset);
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let name = name_of(&jobset);
     let started = Instant::now();
     loop {
         match create(&client, &jobset).await {
@@ -625,20 +635,10 @@ async fn a_trainjob_mode_jobset_runs_to_completed_with_the_reconcilers_secret_an
 /// images do (the user `mpiuser`, its sshd config, the ssh client's port): the commands stay
 /// Trainer's own.
 fn trainer_image(jobset: &mut Value) {
-    for job in jobset["spec"]["replicatedJobs"]
-        .as_array_mut()
-        .into_iter()
-        .flatten()
-    {
-        for container in job["template"]["spec"]["template"]["spec"]["containers"]
-            .as_array_mut()
-            .into_iter()
-            .flatten()
-        {
-            container["image"] = json!(TRAINER_IMAGE);
-            container["imagePullPolicy"] = json!("Never");
-        }
-    }
+    for_each_container(jobset, |container| {
+        container["image"] = json!(TRAINER_IMAGE);
+        container["imagePullPolicy"] = json!("Never");
+    });
 }
 
 /// A key pair made by `ssh-keygen`: (SEC1 PEM private key, OpenSSH public line).
@@ -668,10 +668,7 @@ async fn a_foreign_pinned_host_key_fails_the_ssh_connection() {
     let client = cluster.admin();
     let ns = restricted_namespace(cluster, "foreign-key").await;
     let jobset = sample("manifests/samples/jobset-pi-openmpi-restricted.yaml", &ns);
-    let name = jobset["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let name = name_of(&jobset);
     // The Secret exists before the JobSet: the pods mount it, whoever made it.
     let keys = tempfile::tempdir().expect("tempdir");
     let (private, _) = foreign_key_pair(keys.path(), "host");
@@ -685,10 +682,8 @@ async fn a_foreign_pinned_host_key_fails_the_ssh_connection() {
         .await
         .expect("create the foreign Secret");
     create(&client, &jobset).await.expect("create the JobSet");
-    let started = Instant::now();
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    let log = loop {
-        let mut failed_log = None;
+    let log = until(cluster, &ns, "failed launcher run", JOB_TIMEOUT, || async {
         for pod in pods_of(&client, &ns, &name, "launcher").await {
             let failed = pod
                 .status
@@ -703,39 +698,25 @@ async fn a_foreign_pinned_host_key_fails_the_ssh_connection() {
                                 .is_some_and(|t| t.exit_code != 0)
                     })
                 });
-            if failed {
-                let restarted = LogParams {
+            if !failed {
+                continue;
+            }
+            // The failed run's log: the previous container's once it was restarted.
+            let pod_name = pod.metadata.name.clone().unwrap_or_default();
+            for previous in [true, false] {
+                let params = LogParams {
                     container: Some("launcher".into()),
-                    previous: true,
+                    previous,
                     ..Default::default()
                 };
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                let log = match pods.logs(&name, &restarted).await {
-                    Ok(log) => log,
-                    Err(_) => pods
-                        .logs(
-                            &name,
-                            &LogParams {
-                                container: Some("launcher".into()),
-                                ..Default::default()
-                            },
-                        )
-                        .await
-                        .unwrap_or_default(),
-                };
-                failed_log = Some(log);
+                if let Ok(log) = pods.logs(&pod_name, &params).await {
+                    return Some(log);
+                }
             }
         }
-        if let Some(log) = failed_log {
-            break log;
-        }
-        assert!(
-            started.elapsed() < JOB_TIMEOUT,
-            "the launcher never failed\n{}",
-            diagnose(cluster, &ns).await
-        );
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    };
+        None
+    })
+    .await;
     assert!(
         log.contains("Host key verification failed"),
         "the launcher failed for another reason:\n{log}"

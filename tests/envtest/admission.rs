@@ -233,17 +233,7 @@ async fn in_a_restricted_namespace_the_patched_pods_are_admitted() {
     install(plane).await;
     let ns = plane.namespace("restricted").await;
     let admin = plane.admin();
-    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
-        kube::Api::all(admin.clone());
-    namespaces
-        .patch(
-            &ns,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"metadata": {"labels": {
-                "pod-security.kubernetes.io/enforce": "restricted"}}})),
-        )
-        .await
-        .expect("label the namespace restricted");
+    crate::support::enforce_restricted(&admin, &ns).await;
     let webhook = Webhook::start(plane, &ns).await;
     let stored = create_patched(
         plane,

@@ -208,6 +208,31 @@ pub async fn get_plain(addr: SocketAddr, path: &str) -> Option<String> {
         .flatten()
 }
 
+/// Points `webhook` (one entry of a webhook configuration's `webhooks`) at `url` plus the path
+/// of its shipped `service` reference, trusting `ca_bundle`; its path.
+pub fn to_url(webhook: &mut Value, url: &str, ca_bundle: &str) -> String {
+    let path = webhook["clientConfig"]["service"]["path"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    webhook["clientConfig"] = json!({"url": format!("{url}{path}"), "caBundle": ca_bundle});
+    path
+}
+
+/// Labels namespace `ns` to enforce the `restricted` Pod Security Standard.
+pub async fn enforce_restricted(client: &Client, ns: &str) {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {
+                "pod-security.kubernetes.io/enforce": "restricted"}}})),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("label namespace {ns} restricted: {e}"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // `mpi-webhook serve` behind the shipped webhook configurations
 
@@ -284,12 +309,7 @@ impl Webhook {
                     .starts_with("cluster")
             });
             for webhook in webhooks.iter_mut() {
-                let path = webhook["clientConfig"]["service"]["path"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_owned();
-                webhook["clientConfig"] =
-                    json!({"url": format!("{url}{path}"), "caBundle": certs.ca_bundle()});
+                to_url(webhook, &url, &certs.ca_bundle());
                 let expressions = webhook["namespaceSelector"]["matchExpressions"]
                     .as_array_mut()
                     .expect("the shipped namespaceSelector");
