@@ -24,14 +24,14 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kube::Client;
-use kube::api::{Api, DynamicObject, PostParams};
+use kube::api::{DynamicObject, PostParams};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
 use crate::control_plane::{
-    self, Assets, ControlPlane, Options, Process, RECONCILER, free_port, log_tail,
+    self, Assets, ControlPlane, Options, Process, RECONCILER, free_port, lock, log_tail,
 };
-use crate::support::{BIN, api_for, apply, documents, repo};
+use crate::support::{BIN, api_for, apply, documents, repo, serving_certs};
 
 /// How long the node may take to be Ready (images are imported first: about a minute cold).
 const NODE_TIMEOUT: Duration = Duration::from_secs(300);
@@ -324,13 +324,7 @@ impl Cluster {
         self.plane.apply_crds(&control_plane::CRDS).await;
         let dir = self.logs.join("../jobset");
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let certs = mpi_webhook::certs::generate(
-            &["localhost".to_owned()],
-            &[std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
-        )
-        .map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("tls.crt"), &certs.cert_pem).map_err(|e| e.to_string())?;
-        std::fs::write(dir.join("tls.key"), &certs.key_pem).map_err(|e| e.to_string())?;
+        let certs = serving_certs(&dir)?;
         let webhook_port = free_port()?;
         let health_port = free_port()?;
         let config = format!(
@@ -417,15 +411,9 @@ impl Cluster {
         crate::support::install(&self.plane).await;
         let dir = self.logs.join("../mpi-webhook");
         std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-        let certs = mpi_webhook::certs::generate(
-            &["localhost".to_owned()],
-            &[std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
-        )
-        .map_err(|e| e.to_string())?;
+        let certs = serving_certs(&dir)?;
         let cert = dir.join("tls.crt");
         let key = dir.join("tls.key");
-        std::fs::write(&cert, &certs.cert_pem).map_err(|e| e.to_string())?;
-        std::fs::write(&key, &certs.key_pem).map_err(|e| e.to_string())?;
         let kubeconfig = self
             .plane
             .write_kubeconfig(&dir.join("kubeconfig"), RECONCILER)?
@@ -593,36 +581,4 @@ fn kubelet_client_pki() -> Result<(String, String, String), String> {
     let key = KeyPair::generate().map_err(e)?;
     let cert = client.signed_by(&key, &issuer).map_err(e)?;
     Ok((ca_cert.pem(), cert.pem(), key.serialize_pem()))
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// The stored object as JSON, or `None`.
-pub async fn get_json(
-    client: &Client,
-    api_version: &str,
-    kind: &str,
-    ns: &str,
-    name: &str,
-) -> Option<Value> {
-    crate::support::get(client, api_version, kind, ns, name).await
-}
-
-/// A namespace's objects of one kind, as JSON.
-pub async fn list(client: &Client, api_version: &str, kind: &str, ns: &str) -> Vec<Value> {
-    let ar = crate::support::resource_of(api_version, kind);
-    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
-    api.list(&Default::default())
-        .await
-        .map(|l| {
-            l.items
-                .into_iter()
-                .filter_map(|o| serde_json::to_value(o).ok())
-                .collect()
-        })
-        .unwrap_or_default()
 }

@@ -9,10 +9,8 @@ use kube::Client;
 use kube::api::{Api, DeleteParams, ListParams, LogParams};
 use serde_json::{Value, json};
 
-use crate::cluster::{
-    self, Cluster, INTEL_IMAGE, MPICH_IMAGE, OPENMPI_IMAGE, TRAINER_IMAGE, get_json, list,
-};
-use crate::support::{create, documents, events};
+use crate::cluster::{self, Cluster, INTEL_IMAGE, MPICH_IMAGE, OPENMPI_IMAGE, TRAINER_IMAGE};
+use crate::support::{create, documents, events, get, list};
 
 /// How long a small MPI job may take from create to `Completed` on a loaded 2-core machine.
 const JOB_TIMEOUT: Duration = Duration::from_secs(240);
@@ -76,7 +74,10 @@ pub fn containers<'a>(jobset: &'a mut Value, name: &str) -> &'a mut Value {
 pub async fn diagnose(cluster: &Cluster, ns: &str) -> String {
     let client = cluster.admin();
     let mut out = String::new();
-    for jobset in list(&client, "jobset.x-k8s.io/v1alpha2", "JobSet", ns).await {
+    for jobset in list(&client, "jobset.x-k8s.io/v1alpha2", "JobSet", ns)
+        .await
+        .unwrap_or_default()
+    {
         out += &format!(
             "JobSet {}: {}\n",
             jobset["metadata"]["name"], jobset["status"]
@@ -111,7 +112,10 @@ pub async fn diagnose(cluster: &Cluster, ns: &str) -> String {
             out += &format!("--- log of {name}/{} ---\n{log}\n", container.name);
         }
     }
-    for event in list(&client, "events.k8s.io/v1", "Event", ns).await {
+    for event in list(&client, "events.k8s.io/v1", "Event", ns)
+        .await
+        .unwrap_or_default()
+    {
         out += &format!(
             "Event {} {} {}: {}\n",
             event["regarding"]["kind"].as_str().unwrap_or_default(),
@@ -136,7 +140,7 @@ async fn finished(cluster: &Cluster, ns: &str, name: &str) -> Result<Duration, S
     let mut seen_restarts = 0;
     loop {
         report_restarts(&client, ns, name, &mut seen_restarts).await;
-        let jobset = get_json(&client, "jobset.x-k8s.io/v1alpha2", "JobSet", ns, name).await;
+        let jobset = get(&client, "jobset.x-k8s.io/v1alpha2", "JobSet", ns, name).await;
         let conditions = jobset
             .as_ref()
             .and_then(|j| j["status"]["conditions"].as_array().cloned())
@@ -469,9 +473,7 @@ async fn a_jobset_deleted_mid_run_leaves_nothing_behind() {
     .await;
     for (api_version, kind, object) in &owned {
         assert!(
-            get_json(&client, api_version, kind, &ns, object)
-                .await
-                .is_some(),
+            get(&client, api_version, kind, &ns, object).await.is_some(),
             "no {kind} {object} while running"
         );
     }
@@ -492,10 +494,7 @@ async fn a_jobset_deleted_mid_run_leaves_nothing_behind() {
         || async {
             let mut left = Vec::new();
             for (api_version, kind, object) in &owned {
-                if get_json(&client, api_version, kind, &ns, object)
-                    .await
-                    .is_some()
-                {
+                if get(&client, api_version, kind, &ns, object).await.is_some() {
                     left.push(format!("{kind} {object}"));
                 }
             }
@@ -523,9 +522,7 @@ async fn a_jobset_deleted_mid_run_leaves_nothing_behind() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     for (api_version, kind, object) in &owned {
         assert!(
-            get_json(&client, api_version, kind, &ns, object)
-                .await
-                .is_none(),
+            get(&client, api_version, kind, &ns, object).await.is_none(),
             "{kind} {object} was made again after its JobSet was deleted"
         );
     }
@@ -657,7 +654,7 @@ async fn a_trainjob_mode_jobset_runs_to_completed_with_the_reconcilers_secret_an
             "no rank on {host}:\n{log}"
         );
     }
-    let secret = get_json(
+    let secret = get(
         &client,
         "v1",
         "Secret",

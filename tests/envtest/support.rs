@@ -172,18 +172,48 @@ pub fn managers(object: &Value) -> Vec<String> {
         .collect()
 }
 
-/// The Events (events.k8s.io/v1) in `namespace` with `reason`.
-pub async fn events(client: &Client, namespace: &str, reason: &str) -> Vec<Value> {
-    let ar = resource_of("events.k8s.io/v1", "Event");
+/// The objects of `kind` in `namespace`, as JSON.
+pub async fn list(
+    client: &Client,
+    api_version: &str,
+    kind: &str,
+    namespace: &str,
+) -> Result<Vec<Value>, kube::Error> {
+    let ar = resource_of(api_version, kind);
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
-    api.list(&Default::default())
-        .await
-        .expect("list Events")
+    Ok(api
+        .list(&Default::default())
+        .await?
         .items
         .into_iter()
-        .map(|e| serde_json::to_value(e).expect("an Event as JSON"))
+        .map(|o| serde_json::to_value(o).expect("an object as JSON"))
+        .collect())
+}
+
+/// The Events (events.k8s.io/v1) in `namespace` with `reason`.
+pub async fn events(client: &Client, namespace: &str, reason: &str) -> Vec<Value> {
+    list(client, "events.k8s.io/v1", "Event", namespace)
+        .await
+        .expect("list Events")
+        .into_iter()
         .filter(|e| e["reason"] == reason)
         .collect()
+}
+
+/// A new CA and a serving certificate for `localhost` and 127.0.0.1, the certificate and its key
+/// written to `dir` as `tls.crt` and `tls.key` (the names controller-runtime and the Deployment
+/// use).
+pub fn serving_certs(dir: &Path) -> Result<mpi_webhook::certs::GeneratedCerts, String> {
+    let certs = mpi_webhook::certs::generate(
+        &["localhost".to_owned()],
+        &[std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
+    )
+    .map_err(|e| e.to_string())?;
+    for (file, pem) in [("tls.crt", &certs.cert_pem), ("tls.key", &certs.key_pem)] {
+        let path = dir.join(file);
+        std::fs::write(&path, pem).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(certs)
 }
 
 /// A plain-HTTP GET of `path` on `addr`, bounded.
@@ -252,15 +282,9 @@ impl Webhook {
     /// left out: a cluster-scoped kind has no namespace to confine it to.
     pub async fn start(plane: &ControlPlane, namespace: &str) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
-        let certs = mpi_webhook::certs::generate(
-            &["localhost".to_owned()],
-            &[std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST)],
-        )
-        .expect("serving certificate");
+        let certs = serving_certs(dir.path()).expect("serving certificate");
         let cert = dir.path().join("tls.crt");
         let key = dir.path().join("tls.key");
-        std::fs::write(&cert, &certs.cert_pem).expect("cert");
-        std::fs::write(&key, &certs.key_pem).expect("key");
         let kubeconfig = plane
             .write_kubeconfig(&dir.path().join("kubeconfig"), RECONCILER)
             .expect("kubeconfig");
