@@ -58,6 +58,8 @@ use tokio::net::TcpStream;
 mod control_plane;
 #[path = "support/procfs.rs"]
 mod procfs;
+#[path = "../tests/support/prerequisites.rs"]
+mod prerequisites;
 #[path = "../tests/support/prometheus.rs"]
 mod prometheus;
 

@@ -2,11 +2,9 @@
 # Installs what the tests need, idempotently (a second run installs nothing): kubernetes-validate
 # and, when missing, kubectl (tests/manifests.rs), and the MPI launchers, sshd and iproute2
 # (tests/mpi_launchers), and the envtest control plane (tests/envtest): etcd from Debian when root
-# and missing, the node's Debian packages (tests/cluster) when root and missing, and, when the team's envtest folder (next to the repository) exists,
-# kube-apiserver and kube-controller-manager, and the node's kubelet, kube-scheduler and
-# jobset-controller (tests/cluster), unpacked into target/envtest with their SHA256 checked
-# (skipped when present and matching). Elsewhere `setup-envtest use 1.36.x -p path`
-# fills a KUBEBUILDER_ASSETS directory. As root, last: umoci and mmdebstrap from Debian, then the test
+# and missing, the node's Debian packages (tests/cluster) when root and missing, and the control
+# plane and node binaries (below: KUBEBUILDER_ASSETS, the team's copy, or the envtest release
+# archive). As root, last: umoci and mmdebstrap from Debian, then the test
 # cluster's OCI image archives (scripts/build-test-images.sh: pause and the MPI images, cached).
 # The README's test command is this script followed by `cargo test --locked`.
 set -euo pipefail
@@ -45,29 +43,8 @@ if ((${#node_missing[@]})) && [ "$(id -u)" = 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
     "${node_missing[@]}" >/dev/null
 fi
-unpack() { # SHA256SUMS file, then the binaries it lists, each from <name>.xz beside it
-  local sums="$1"
-  if ! (cd target/envtest && sha256sum --quiet -c "$sums" >/dev/null 2>&1); then
-    for b in $(awk '{ print $2 }' "$sums"); do
-      xz -dc "$envtest_src/$b.xz" > "target/envtest/$b.partial"
-      chmod +x "target/envtest/$b.partial"
-      mv "target/envtest/$b.partial" "target/envtest/$b"
-    done
-    (cd target/envtest && sha256sum --quiet -c "$sums")
-  fi
-}
-envtest_src=../shared/envtest
-if [ -d "$envtest_src" ]; then
-  mkdir -p target/envtest
-  src="$(cd "$envtest_src" && pwd)"
-  unpack "$src/SHA256SUMS"
-  # The node (tests/cluster): kubelet, kube-scheduler and the JobSet controller.
-  if [ -f "$src/SHA256SUMS.node" ]; then
-    unpack "$src/SHA256SUMS.node"
-  fi
-  etcd_bin="$(command -v etcd)"
-  ln -sf "$etcd_bin" target/envtest/etcd
-fi
+# The control plane and node binaries (tests/envtest, tests/cluster).
+./scripts/install-envtest.sh
 
 # The test cluster's images (target/cluster-images); building them needs root.
 if [ "$(id -u)" = 0 ]; then

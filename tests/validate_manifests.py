@@ -53,10 +53,12 @@ SKIP = 77
 
 
 def missing_tool(what: str) -> int:
-    if os.environ.get("CI") == "true":
-        print(f"FAIL: {what} is missing (CI=true)", file=sys.stderr)
+    """A missing tool fails, unless MPI_WEBHOOK_SKIP names `manifests` (tests/support/prerequisites.rs)."""
+    if "manifests" not in [n.strip() for n in os.environ.get("MPI_WEBHOOK_SKIP", "").split(",")]:
+        print(f"FAIL: {what} is missing; scripts/install-test-deps.sh installs it "
+              "(or skip with MPI_WEBHOOK_SKIP=manifests)", file=sys.stderr)
         return 1
-    print(f"SKIP: {what} is missing; install it to validate the manifests", file=sys.stderr)
+    print(f"SKIP (MPI_WEBHOOK_SKIP=manifests): {what} is missing", file=sys.stderr)
     return SKIP
 
 

@@ -14,8 +14,8 @@
 //! copied there at teardown), and a failed scenario writes what it saw next to them.
 //!
 //! Prerequisites (root, the node binaries beside `KUBEBUILDER_ASSETS`, the Debian packages and the
-//! images of `scripts/install-test-deps.sh`): when one is missing every scenario is skipped with
-//! one line saying what, except under `CI=true`, where that is a failure.
+//! images of `scripts/install-test-deps.sh`): when one is missing every scenario fails saying
+//! what, unless `MPI_WEBHOOK_SKIP=cluster` opts out (`tests/support/prerequisites.rs`).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -72,23 +72,19 @@ static CLUSTER: OnceCell<Result<Result<Cluster, String>, String>> = OnceCell::co
 static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
 
 /// The cluster of this test binary, started on first use; `None` (after one line on stderr) when a
-/// prerequisite is missing and `CI` is not `true`.
+/// prerequisite is missing and `MPI_WEBHOOK_SKIP` names `cluster`.
 ///
 /// # Panics
-/// When it does not start, or a prerequisite is missing under `CI=true`.
+/// When it does not start, or a prerequisite is missing and not opted out of.
 pub async fn shared() -> Option<&'static Cluster> {
     let result = CLUSTER
         .get_or_init(|| async {
             let missing = missing_prerequisites();
             if !missing.is_empty() {
-                let what = format!(
+                return Ok(Err(format!(
                     "the single-node cluster cannot start here: {}",
                     missing.join("; ")
-                );
-                if std::env::var("CI").as_deref() == Ok("true") {
-                    return Err(format!("{what} (CI=true: a missing prerequisite fails)"));
-                }
-                return Ok(Err(what));
+                )));
             }
             Cluster::start().await.map(Ok)
         })
@@ -96,12 +92,12 @@ pub async fn shared() -> Option<&'static Cluster> {
     match result {
         Ok(Ok(cluster)) => Some(cluster),
         Ok(Err(why)) => {
-            SKIP_NOTICE.call_once(|| {
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "cluster: skipped: {why} (scripts/install-test-deps.sh, as root, installs it)"
-                );
-            });
+            crate::prerequisites::skip_or_fail(
+                "cluster",
+                why,
+                "scripts/install-test-deps.sh, as root, installs what it needs",
+                &SKIP_NOTICE,
+            );
             None
         }
         Err(e) => panic!("cluster: {e}"),

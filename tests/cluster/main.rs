@@ -4,8 +4,8 @@
 //! shipped samples on it. Each scenario works in a namespace of its own, so they run in parallel.
 //!
 //! Needs root, the node binaries beside `KUBEBUILDER_ASSETS` and what
-//! `scripts/install-test-deps.sh` installs; without them every scenario is skipped with one line
-//! saying what is missing, except under `CI=true`, where that fails. docs/development.md "The
+//! `scripts/install-test-deps.sh` installs; without them every scenario fails saying what is
+//! missing, unless `MPI_WEBHOOK_SKIP=cluster` opts out. docs/development.md "The
 //! single-node cluster" says how to run one scenario and where the logs are.
 //!
 //! Every wait is bounded and polls; nothing asserts a duration.
@@ -14,6 +14,8 @@ mod cluster;
 #[path = "../envtest/control_plane.rs"]
 mod control_plane;
 mod failures;
+#[path = "../support/prerequisites.rs"]
+mod prerequisites;
 #[path = "../support/prometheus.rs"]
 #[allow(dead_code)]
 mod prometheus;

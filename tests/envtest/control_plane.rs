@@ -17,7 +17,6 @@
 
 #![allow(dead_code)]
 
-use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -292,14 +291,18 @@ pub struct ControlPlane {
 
 static SHARED: OnceCell<Result<Option<ControlPlane>, String>> = OnceCell::const_new();
 static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
+static GC_SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
+/// What is missing when there are no assets.
+const NO_ASSETS: &str =
+    "no kube-apiserver and etcd (KUBEBUILDER_ASSETS is unset and target/envtest has none)";
 static NAMESPACES: AtomicU32 = AtomicU32::new(0);
 
 /// The control plane shared by every test of this binary, started on first use; `None` (after one
-/// line on stderr) when there are no assets.
+/// line on stderr) when there are no assets and `MPI_WEBHOOK_SKIP` names `envtest`.
 ///
 /// # Panics
-/// When the assets are misconfigured, missing under `CI=true`, or the control plane does not
-/// start (with its log).
+/// When the assets are misconfigured, missing (unless `MPI_WEBHOOK_SKIP` names `envtest`), or
+/// the control plane does not start (with its log).
 pub async fn shared() -> Option<&'static ControlPlane> {
     let result = SHARED
         .get_or_init(|| async {
@@ -318,19 +321,8 @@ pub async fn shared() -> Option<&'static ControlPlane> {
         .await;
     match result {
         Ok(Some(plane)) => Some(plane),
-        Ok(None) if std::env::var("CI").as_deref() == Ok("true") => {
-            // A suite that reports green with every scenario skipped proves nothing.
-            panic!("envtest: no kube-apiserver and etcd under CI=true; {ASSETS_HINT}")
-        }
         Ok(None) => {
-            SKIP_NOTICE.call_once(|| {
-                // Straight to stderr, not through the test harness's capture, so it is seen.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "envtest: skipped: no kube-apiserver and etcd (KUBEBUILDER_ASSETS is unset); \
-                     {ASSETS_HINT}"
-                );
-            });
+            crate::prerequisites::skip_or_fail("envtest", NO_ASSETS, ASSETS_HINT, &SKIP_NOTICE);
             None
         }
         Err(e) => panic!("envtest control plane: {e}"),
@@ -338,13 +330,20 @@ pub async fn shared() -> Option<&'static ControlPlane> {
 }
 
 impl ControlPlane {
-    /// A control plane of its own (for a test that restarts it), from the configured assets.
+    /// A control plane of its own (for a test that restarts it), from the configured assets;
+    /// `None` when there are none and `MPI_WEBHOOK_SKIP` names `envtest`.
     ///
     /// # Errors
-    /// No assets, or it does not start.
+    /// It does not start.
+    ///
+    /// # Panics
+    /// No assets, unless `MPI_WEBHOOK_SKIP` names `envtest`.
     pub async fn start(options: Options) -> Result<Option<Self>, String> {
         match assets()? {
-            Assets::Absent => Ok(None),
+            Assets::Absent => {
+                crate::prerequisites::skip_or_fail("envtest", NO_ASSETS, ASSETS_HINT, &SKIP_NOTICE);
+                Ok(None)
+            }
             Assets::Found(dir) => Ok(Some(Self::start_in(dir, options).await?)),
         }
     }
@@ -555,20 +554,19 @@ impl ControlPlane {
             .map(|_| ())
     }
 
-    /// Starts the garbage collector, or, without `kube-controller-manager` in the assets (
-    /// `setup-envtest` does not ship it), reports the skip on stderr and returns `false`; with
-    /// `CI=true` a missing binary is a failure instead.
+    /// Starts the garbage collector; `false` when the assets have no `kube-controller-manager`
+    /// (`setup-envtest` does not ship it) and `MPI_WEBHOOK_SKIP` names `garbage-collector`.
     ///
     /// # Panics
-    /// When it does not start, or is missing under `CI=true`.
+    /// When it does not start, or is missing and not opted out of.
     pub async fn garbage_collector_or_skip(&self) -> bool {
-        if !self.assets.join("kube-controller-manager").is_file()
-            && std::env::var("CI").as_deref() != Ok("true")
-        {
-            let _ = writeln!(
-                std::io::stderr(),
-                "envtest: skipped a garbage-collection test: no kube-controller-manager in {}",
-                self.assets.display()
+        if !self.assets.join("kube-controller-manager").is_file() {
+            crate::prerequisites::skip_or_fail(
+                "garbage-collector",
+                &format!("no kube-controller-manager in {}", self.assets.display()),
+                "setup-envtest does not ship it: scripts/install-test-deps.sh downloads it beside \
+                 the others",
+                &GC_SKIP_NOTICE,
             );
             return false;
         }

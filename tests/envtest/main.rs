@@ -2,13 +2,16 @@
 //! garbage collector where a test needs it) from `KUBEBUILDER_ASSETS`, started once for this
 //! binary by [`control_plane`]; every test works in a namespace of its own, so they run in
 //! parallel (the reconciler, which watches the whole cluster, takes turns). Without assets every
-//! test passes after one line saying they were skipped, except under `CI=true`, where they fail.
+//! test fails saying how to get them, unless `MPI_WEBHOOK_SKIP=envtest` opts out
+//! (`tests/support/prerequisites.rs`).
 //!
 //! Every wait is bounded and polls; nothing asserts a duration.
 
 mod admission;
 mod control_plane;
 mod harness;
+#[path = "../support/prerequisites.rs"]
+mod prerequisites;
 #[path = "../support/prometheus.rs"]
 mod prometheus;
 mod reconciler;

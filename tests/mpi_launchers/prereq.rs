@@ -1,5 +1,6 @@
-//! What the test needs from the machine, and what happens when something is missing:
-//! a failure under CI (`CI=true`), a skip that names what is missing elsewhere.
+//! What the test needs from the machine, in words; a missing piece fails the test unless
+//! `MPI_WEBHOOK_SKIP` names the suite (`tests/support/prerequisites.rs`). `in_ci` refuses the
+//! development knobs under CI.
 
 use std::path::Path;
 use std::process::Command;
