@@ -56,10 +56,10 @@ use tokio::net::TcpStream;
 
 #[path = "../tests/envtest/control_plane.rs"]
 mod control_plane;
-#[path = "support/procfs.rs"]
-mod procfs;
 #[path = "../tests/support/prerequisites.rs"]
 mod prerequisites;
+#[path = "support/procfs.rs"]
+mod procfs;
 #[path = "../tests/support/prometheus.rs"]
 mod prometheus;
 

@@ -9,7 +9,7 @@
 #    (etcd, kube-apiserver, kubectl; checked against the sha512 of controller-tools' index), and
 #    kube-controller-manager, kube-scheduler and kubelet of the same version from dl.k8s.io (each
 #    checked against its published .sha256). The JobSet controller has no binary release: the
-#    cluster suite says so (build it from sigs.k8s.io/jobset's cmd/, or MPI_WEBHOOK_SKIP=cluster);
+#    cluster suite says so (build it from sigs.k8s.io/jobset's cmd/, or SKIP_TEST_SUITES=cluster);
 # else it stops with what to do. Mirrors: ENVTEST_INDEX_URL, KUBERNETES_RELEASE_URL. ENVTEST_DIR
 # (default target/envtest) and TEAM_ENVTEST (default ../shared/envtest) are for its own test
 # (tests/install_envtest.rs).
@@ -93,7 +93,7 @@ elif ! has_control_plane "$dest"; then
   if ! download_envtest; then
     echo "install-envtest: no control plane for tests/envtest: set KUBEBUILDER_ASSETS to a" \
       "directory holding etcd and kube-apiserver (\`setup-envtest use $ENVTEST_VERSION.x -p path\`)," \
-      "or let this script reach $ENVTEST_INDEX_URL (or skip those tests with MPI_WEBHOOK_SKIP=envtest,cluster)" >&2
+      "or let this script reach $ENVTEST_INDEX_URL (or skip those tests with SKIP_TEST_SUITES=envtest,cluster)" >&2
     exit 1
   fi
 fi

@@ -147,7 +147,7 @@ fn a_checksum_that_does_not_match_leaves_nothing_and_says_what_to_do() {
     assert!(!out.status.success());
     assert!(said.contains("kubelet: FAILED"), "{said}");
     assert!(said.contains("setup-envtest use 1.36.x -p path"), "{said}");
-    assert!(said.contains("MPI_WEBHOOK_SKIP=envtest,cluster"), "{said}");
+    assert!(said.contains("SKIP_TEST_SUITES=envtest,cluster"), "{said}");
     assert_eq!(names(&dest), Vec::<String>::new());
 }
 

@@ -5,7 +5,7 @@
 //! webhook patches them, are what the kube-apiserver takes.
 //!
 //! Tests that need `kubectl` or the `kubernetes-validate` Python package fail when the tool is
-//! missing, unless `MPI_WEBHOOK_SKIP=manifests` opts out (`tests/support/prerequisites.rs`).
+//! missing, unless `SKIP_TEST_SUITES=manifests` opts out (`tests/support/prerequisites.rs`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -146,7 +146,7 @@ fn container<'a>(deployment: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no container {name}"))
 }
 
-/// A tool from PATH; `None` after saying so when `MPI_WEBHOOK_SKIP` names `manifests`.
+/// A tool from PATH; `None` after saying so when `SKIP_TEST_SUITES` names `manifests`.
 ///
 /// # Panics
 /// The tool is missing and not opted out of.

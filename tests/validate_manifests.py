@@ -53,12 +53,12 @@ SKIP = 77
 
 
 def missing_tool(what: str) -> int:
-    """A missing tool fails, unless MPI_WEBHOOK_SKIP names `manifests` (tests/support/prerequisites.rs)."""
-    if "manifests" not in [n.strip() for n in os.environ.get("MPI_WEBHOOK_SKIP", "").split(",")]:
+    """A missing tool fails, unless SKIP_TEST_SUITES names `manifests` (tests/support/prerequisites.rs)."""
+    if "manifests" not in [n.strip() for n in os.environ.get("SKIP_TEST_SUITES", "").split(",")]:
         print(f"FAIL: {what} is missing; scripts/install-test-deps.sh installs it "
-              "(or skip with MPI_WEBHOOK_SKIP=manifests)", file=sys.stderr)
+              "(or skip with SKIP_TEST_SUITES=manifests)", file=sys.stderr)
         return 1
-    print(f"SKIP (MPI_WEBHOOK_SKIP=manifests): {what} is missing", file=sys.stderr)
+    print(f"SKIP (SKIP_TEST_SUITES=manifests): {what} is missing", file=sys.stderr)
     return SKIP
 
 

@@ -15,7 +15,7 @@
 //!
 //! Prerequisites (root, the node binaries beside `KUBEBUILDER_ASSETS`, the Debian packages and the
 //! images of `scripts/install-test-deps.sh`): when one is missing every scenario fails saying
-//! what, unless `MPI_WEBHOOK_SKIP=cluster` opts out (`tests/support/prerequisites.rs`).
+//! what, unless `SKIP_TEST_SUITES=cluster` opts out (`tests/support/prerequisites.rs`).
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -72,7 +72,7 @@ static CLUSTER: OnceCell<Result<Result<Cluster, String>, String>> = OnceCell::co
 static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
 
 /// The cluster of this test binary, started on first use; `None` (after one line on stderr) when a
-/// prerequisite is missing and `MPI_WEBHOOK_SKIP` names `cluster`.
+/// prerequisite is missing and `SKIP_TEST_SUITES` names `cluster`.
 ///
 /// # Panics
 /// When it does not start, or a prerequisite is missing and not opted out of.

@@ -5,7 +5,7 @@
 //!
 //! Needs root, the node binaries beside `KUBEBUILDER_ASSETS` and what
 //! `scripts/install-test-deps.sh` installs; without them every scenario fails saying what is
-//! missing, unless `MPI_WEBHOOK_SKIP=cluster` opts out. docs/development.md "The
+//! missing, unless `SKIP_TEST_SUITES=cluster` opts out. docs/development.md "The
 //! single-node cluster" says how to run one scenario and where the logs are.
 //!
 //! Every wait is bounded and polls; nothing asserts a duration.

@@ -298,10 +298,10 @@ const NO_ASSETS: &str =
 static NAMESPACES: AtomicU32 = AtomicU32::new(0);
 
 /// The control plane shared by every test of this binary, started on first use; `None` (after one
-/// line on stderr) when there are no assets and `MPI_WEBHOOK_SKIP` names `envtest`.
+/// line on stderr) when there are no assets and `SKIP_TEST_SUITES` names `envtest`.
 ///
 /// # Panics
-/// When the assets are misconfigured, missing (unless `MPI_WEBHOOK_SKIP` names `envtest`), or
+/// When the assets are misconfigured, missing (unless `SKIP_TEST_SUITES` names `envtest`), or
 /// the control plane does not start (with its log).
 pub async fn shared() -> Option<&'static ControlPlane> {
     let result = SHARED
@@ -331,13 +331,13 @@ pub async fn shared() -> Option<&'static ControlPlane> {
 
 impl ControlPlane {
     /// A control plane of its own (for a test that restarts it), from the configured assets;
-    /// `None` when there are none and `MPI_WEBHOOK_SKIP` names `envtest`.
+    /// `None` when there are none and `SKIP_TEST_SUITES` names `envtest`.
     ///
     /// # Errors
     /// It does not start.
     ///
     /// # Panics
-    /// No assets, unless `MPI_WEBHOOK_SKIP` names `envtest`.
+    /// No assets, unless `SKIP_TEST_SUITES` names `envtest`.
     pub async fn start(options: Options) -> Result<Option<Self>, String> {
         match assets()? {
             Assets::Absent => {
@@ -555,7 +555,7 @@ impl ControlPlane {
     }
 
     /// Starts the garbage collector; `false` when the assets have no `kube-controller-manager`
-    /// (`setup-envtest` does not ship it) and `MPI_WEBHOOK_SKIP` names `garbage-collector`.
+    /// (`setup-envtest` does not ship it) and `SKIP_TEST_SUITES` names `garbage-collector`.
     ///
     /// # Panics
     /// When it does not start, or is missing and not opted out of.

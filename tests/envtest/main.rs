@@ -2,7 +2,7 @@
 //! garbage collector where a test needs it) from `KUBEBUILDER_ASSETS`, started once for this
 //! binary by [`control_plane`]; every test works in a namespace of its own, so they run in
 //! parallel (the reconciler, which watches the whole cluster, takes turns). Without assets every
-//! test fails saying how to get them, unless `MPI_WEBHOOK_SKIP=envtest` opts out
+//! test fails saying how to get them, unless `SKIP_TEST_SUITES=envtest` opts out
 //! (`tests/support/prerequisites.rs`).
 //!
 //! Every wait is bounded and polls; nothing asserts a duration.

@@ -48,7 +48,7 @@
 //!
 //! Needs root, iproute2, util-linux, openssh-server and the launchers:
 //! `scripts/install-mpi-launchers.sh`. Missing prerequisites fail the test, naming what is
-//! missing, unless `MPI_WEBHOOK_SKIP=mpi-launchers` opts out (`tests/support/prerequisites.rs`).
+//! missing, unless `SKIP_TEST_SUITES=mpi-launchers` opts out (`tests/support/prerequisites.rs`).
 
 mod cluster;
 mod launchers;
@@ -60,7 +60,7 @@ mod proc;
 mod product;
 mod spec_model;
 
-/// This suite's name in `MPI_WEBHOOK_SKIP`.
+/// This suite's name in `SKIP_TEST_SUITES`.
 const SUITE: &str = "mpi-launchers";
 
 use std::collections::BTreeMap;

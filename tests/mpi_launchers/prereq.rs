@@ -1,5 +1,5 @@
 //! What the test needs from the machine, in words; a missing piece fails the test unless
-//! `MPI_WEBHOOK_SKIP` names the suite (`tests/support/prerequisites.rs`). `in_ci` refuses the
+//! `SKIP_TEST_SUITES` names the suite (`tests/support/prerequisites.rs`). `in_ci` refuses the
 //! development knobs under CI.
 
 use std::path::Path;

@@ -1,15 +1,15 @@
 //! What a suite does when this machine lacks something it needs: it fails, saying what is missing
 //! and how to get it, as controller-runtime's envtest does; a suite green with every scenario
-//! skipped would prove nothing. Only an explicit opt-out skips: `MPI_WEBHOOK_SKIP` names the
+//! skipped would prove nothing. Only an explicit opt-out skips: `SKIP_TEST_SUITES` names the
 //! suites, comma-separated (`envtest`, `garbage-collector`, `cluster`, `mpi-launchers`,
 //! `manifests`), and each skipping suite says so once on stderr. `.ci/run` refuses the variable.
 
 use std::io::Write as _;
 
 /// The opt-out variable.
-pub const SKIP_VARIABLE: &str = "MPI_WEBHOOK_SKIP";
+pub const SKIP_VARIABLE: &str = "SKIP_TEST_SUITES";
 
-/// Whether `MPI_WEBHOOK_SKIP` names `suite`.
+/// Whether `SKIP_TEST_SUITES` names `suite`.
 pub fn opted_out(suite: &str) -> bool {
     std::env::var(SKIP_VARIABLE).is_ok_and(|names| names.split(',').any(|n| n.trim() == suite))
 }
@@ -19,7 +19,7 @@ pub fn opted_out(suite: &str) -> bool {
 /// how to opt out.
 ///
 /// # Panics
-/// Unless `MPI_WEBHOOK_SKIP` names `suite`.
+/// Unless `SKIP_TEST_SUITES` names `suite`.
 pub fn skip_or_fail(suite: &str, missing: &str, hint: &str, notice: &std::sync::Once) {
     assert!(
         opted_out(suite),
