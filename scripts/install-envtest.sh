@@ -2,7 +2,7 @@
 # Puts the control plane and node binaries the tests need (tests/envtest, tests/cluster) in place.
 # From the first of:
 # 1. KUBEBUILDER_ASSETS, when set: used as it is (it must hold etcd and kube-apiserver);
-# 2. the team's copy beside the repository (../shared/envtest): unpacked into target/envtest and
+# 2. the team's copy beside the repository (envtest_src below): unpacked into target/envtest and
 #    checked against its SHA256SUMS (skipped when present and matching), etcd from Debian;
 # 3. target/envtest as an earlier run of this script left it;
 # 4. the envtest release archive of the pinned version, what `setup-envtest use 1.36.x` downloads
@@ -11,7 +11,7 @@
 #    checked against its published .sha256). The JobSet controller has no binary release: the
 #    cluster suite says so (build it from sigs.k8s.io/jobset's cmd/, or SKIP_TEST_SUITES=cluster);
 # else it stops with what to do. Mirrors: ENVTEST_INDEX_URL, KUBERNETES_RELEASE_URL. ENVTEST_DIR
-# (default target/envtest) and TEAM_ENVTEST (default ../shared/envtest) are for its own test
+# (default target/envtest) and TEAM_ENVTEST (the team's copy) are for its own test
 # (tests/install_envtest.rs).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -774,15 +774,16 @@ fn the_shipped_runtimes_are_the_four_mpi_implementations() {
 
 /// A clone of the repository is all a user has: no file that builds, tests, benchmarks or runs
 /// the project may point outside it (the team's spec folder next to the repository root in
-/// particular, which a clone does not have). One exception: `scripts/install-test-deps.sh` may
-/// unpack the team's copy of the envtest binaries when that folder exists (it skips it
-/// otherwise, and `KUBEBUILDER_ASSETS` names them instead); it is checked to do so only behind
-/// a test for the folder.
+/// particular, which a clone does not have). One exception: `scripts/install-envtest.sh` may
+/// unpack the team's copy of the envtest binaries when that folder exists (it takes
+/// `KUBEBUILDER_ASSETS` or the envtest release otherwise); it is checked to name the folder once
+/// and use it only behind a test for it.
 #[test]
 fn no_file_refers_outside_the_repository() {
     // Spelled in two pieces so that this file does not match itself.
     let outside = format!("{}/shared", "..");
-    let optional = format!("envtest_src={outside}/envtest\nif [ -d \"$envtest_src\" ]; then");
+    let optional = format!("envtest_src=\"${{TEAM_ENVTEST:-{outside}/envtest}}\"\n");
+    let guarded = "elif [ -d \"$envtest_src\" ]; then";
     let mut offenders = Vec::new();
     for dir in ["src", "tests", "benches", "scripts", ".ci", "fuzz"] {
         let mut files = Vec::new();
@@ -791,9 +792,11 @@ fn no_file_refers_outside_the_repository() {
             // Binary files (none today) are not read as text.
             if let Ok(text) = std::fs::read_to_string(&file)
                 && text.contains(&outside)
-                && !(file.ends_with("scripts/install-test-deps.sh")
+                && !(file.ends_with("scripts/install-envtest.sh")
                     && text.matches(&outside).count() == 1
-                    && text.contains(&optional))
+                    && text.contains(&optional)
+                    && text.matches("$envtest_src").count() == 3
+                    && text.contains(guarded))
             {
                 offenders.push(
                     file.strip_prefix(repo())
