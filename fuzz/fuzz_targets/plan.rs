@@ -58,7 +58,32 @@ struct Counts {
     gpus: Option<i64>,
     name_len: u8,
     subdomain_len: u8,
+    /// JobSet mode: a second worker group `gpu` (replicas, parallelism), the
+    /// `worker-groups` annotation and the `slots-per-group` one (indices into the lists below).
+    gpu_group: Option<(Option<i32>, Option<i32>)>,
+    worker_groups: Option<u8>,
+    slots_per_group: Option<u8>,
 }
+
+/// `mpi-webhook.io/worker-groups` values worth trying.
+const WORKER_GROUPS: &[&str] = &[
+    "node",
+    "node,gpu",
+    "gpu,node",
+    "gpu",
+    "node,node",
+    "launcher,node",
+    "",
+];
+/// `mpi-webhook.io/slots-per-group` values worth trying.
+const SLOTS_PER_GROUP: &[&str] = &[
+    "gpu=2",
+    "node=1,gpu=4",
+    "gpu=0",
+    "gpu=99999999999",
+    "gpu",
+    "x=1",
+];
 
 fuzz_target!(|c: Counts| {
     let implementation =
@@ -127,12 +152,30 @@ fuzz_target!(|c: Counts| {
             json!(slots.to_string()),
         );
     }
+    if let Some(i) = c.worker_groups {
+        let groups = WORKER_GROUPS[usize::from(i) % WORKER_GROUPS.len()];
+        annotations.insert("mpi-webhook.io/worker-groups".into(), json!(groups));
+    }
+    if let Some(i) = c.slots_per_group {
+        let slots = SLOTS_PER_GROUP[usize::from(i) % SLOTS_PER_GROUP.len()];
+        annotations.insert("mpi-webhook.io/slots-per-group".into(), json!(slots));
+    }
+    let mut spec = runtime_template;
+    if let (Some((replicas, parallelism)), Some(jobs)) =
+        (c.gpu_group, spec["replicatedJobs"].as_array_mut())
+    {
+        jobs.push(
+            json!({"name": "gpu", "replicas": replicas, "template": {"spec": {
+            "parallelism": parallelism,
+            "template": {"spec": {"containers": [{"name": "node"}]}}}}}),
+        );
+    }
     let jobset = json!({
         "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
         "metadata": {"name": name, "namespace": "default", "uid": "u",
                      "labels": {"mpi-webhook.io/implementation": implementation},
                      "annotations": annotations},
-        "spec": runtime_template,
+        "spec": spec,
     });
     if let Ok(jobset) = serde_json::from_value::<JobSet>(jobset)
         && let Ok(plan) = MpiPlan::for_jobset(&jobset)

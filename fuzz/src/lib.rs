@@ -184,6 +184,12 @@ const KEYS: &[&str] = &[
     "mpi-webhook.io/run-launcher-as-node",
     "mpi-webhook.io/container",
     "mpi-webhook.io/network-policy",
+    "mpi-webhook.io/ssh-port",
+    "mpi-webhook.io/preflight",
+    "mpi-webhook.io/ssh-setup",
+    "mpi-webhook.io/worker-groups",
+    "mpi-webhook.io/slots-per-group",
+    "gpu",
 ];
 
 /// Strings worth trying where the policy compares values.
@@ -211,6 +217,15 @@ const STRINGS: &[&str] = &[
     "mpi-ssh-auth",
     "mpi-hostfile",
     "/etc/mpi",
+    "2222",
+    "65536",
+    "node,gpu",
+    "gpu,node",
+    "node,node",
+    "launcher,node",
+    "gpu=2",
+    "node=1,gpu=4",
+    "gpu=0",
 ];
 
 /// A key: mostly one the policy reads, sometimes arbitrary.
