@@ -11,7 +11,6 @@ use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::core::{DynamicObject, PartialObjectMeta};
-use kube::runtime::events::EventType;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -150,18 +149,6 @@ impl Context {
         {
             tracing::debug!("caches not synced yet; deciding with GETs");
         }
-    }
-
-    /// Publishes an Event on `regarding` (the TrainJob, or in JobSet mode the JobSet).
-    pub(super) async fn publish<K: Resource<DynamicType = ()>>(
-        &self,
-        regarding: &K,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let regarding = regarding.object_ref(&());
-        self.events.publish(&regarding, type_, reason, note).await;
     }
 }
 

@@ -13,11 +13,10 @@
 //!   regarding, related) leaves the note out, so a container's next failed run would be PATCHed
 //!   into the first run's Event as a count, losing its own exit code and output.
 
-use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use kube::api::PostParams;
 use kube::runtime::events::{self, EventType, Recorder, Reporter};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
 
 /// Writes the reconciler's Events, as [`Reporter`] (the manager and this replica). Cheap to
 /// clone.
@@ -26,14 +25,6 @@ pub struct Events {
     client: Client,
     recorder: Recorder,
     reporter: Reporter,
-}
-
-impl std::fmt::Debug for Events {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Events")
-            .field("reporter", &self.reporter)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Events {
@@ -46,11 +37,12 @@ impl Events {
         }
     }
 
-    /// Publishes an Event on `regarding` through the [`Recorder`] (action `Reconcile`); a
-    /// failure is logged, never returned (Events are best effort).
-    pub async fn publish(
+    /// Publishes an Event on `regarding` (the TrainJob, or in JobSet mode the JobSet) through
+    /// the [`Recorder`], action `Reconcile`; a failure is logged, never returned (Events are
+    /// best effort).
+    pub async fn publish<K: Resource<DynamicType = ()>>(
         &self,
-        regarding: &ObjectReference,
+        regarding: &K,
         type_: EventType,
         reason: &str,
         note: String,
@@ -62,7 +54,11 @@ impl Events {
             action: "Reconcile".to_string(),
             secondary: None,
         };
-        if let Err(error) = self.recorder.publish(&event, regarding).await {
+        if let Err(error) = self
+            .recorder
+            .publish(&event, &regarding.object_ref(&()))
+            .await
+        {
             tracing::warn!(%error, reason, "publishing an Event failed");
         }
     }

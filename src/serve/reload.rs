@@ -38,12 +38,9 @@ impl Reload for CertFiles {
     type Content = PairBytes;
     type Error = TlsError;
 
-    fn read(&self) -> Result<PairBytes, TlsError> {
-        PairBytes::read(&self.files)
-    }
-
-    fn fingerprint(content: &PairBytes) -> u64 {
-        content.fingerprint()
+    fn read(&self) -> Result<(u64, PairBytes), TlsError> {
+        let pair = PairBytes::read(&self.files)?;
+        Ok((pair.fingerprint(), pair))
     }
 
     fn parse(&self, content: PairBytes) -> Result<LoadedPair, TlsError> {
@@ -84,12 +81,13 @@ pub struct ObjectsDir {
 
 impl Reload for ObjectsDir {
     type Value = Snapshot;
-    type Content = u64;
+    type Content = ();
     type Error = LoadError;
 
     /// A hash of the paths and content of the files `Snapshot::load_dir` reads (the same rules:
-    /// hidden entries skipped, `*.yaml`, `*.yml`, `*.json`, symlinks followed).
-    fn read(&self) -> Result<u64, LoadError> {
+    /// hidden entries skipped, `*.yaml`, `*.yml`, `*.json`, symlinks followed); `load_dir`
+    /// reads them again if they changed.
+    fn read(&self) -> Result<(u64, ()), LoadError> {
         let mut hasher = DefaultHasher::new();
         for path in object_files(&self.dir)? {
             let content = std::fs::read(&path).map_err(|source| LoadError::Read {
@@ -99,14 +97,10 @@ impl Reload for ObjectsDir {
             path.hash(&mut hasher);
             content.hash(&mut hasher);
         }
-        Ok(hasher.finish())
+        Ok((hasher.finish(), ()))
     }
 
-    fn fingerprint(content: &u64) -> u64 {
-        *content
-    }
-
-    fn parse(&self, _: u64) -> Result<Snapshot, LoadError> {
+    fn parse(&self, (): ()) -> Result<Snapshot, LoadError> {
         Snapshot::load_dir(&self.dir)
     }
 

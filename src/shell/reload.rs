@@ -3,8 +3,8 @@
 //! It polls the *content* rather than watching paths: a Kubernetes Secret or ConfigMap volume
 //! updates by an atomic rename of its `..data` symlink, which path watchers miss. Each check
 //! reads the content and hashes it; content equal to what is served is left alone, new content
-//! is parsed off the async workers and switched in only if it parses; otherwise the last good
-//! value keeps being served and the problem is reported once per distinct content.
+//! is parsed (off the async workers) and switched in only if it parses; otherwise the last good
+//! value keeps being served and the problem is said once per distinct content.
 
 use std::fmt;
 use std::sync::Arc;
@@ -45,24 +45,21 @@ impl<T> fmt::Debug for Live<T> {
     }
 }
 
-/// What is reloaded: how to read its content, hash it and parse it, and what to say (log,
-/// count) when it changed. `read` and `parse` run on a blocking thread.
+/// What is reloaded: how to read and parse it (both run on a blocking thread), and what to say
+/// (log, count) when it changed.
 pub trait Reload: Send + Sync + 'static {
     /// What is served.
     type Value: Send + Sync + 'static;
-    /// The raw content, as read.
+    /// The content, as read.
     type Content: Send + 'static;
     /// Why the content cannot be read or served.
     type Error: Send + 'static;
 
-    /// Reads the content.
+    /// Reads the content, with a hash of it (equal hashes: the same content).
     ///
     /// # Errors
     /// When it cannot be read (e.g. a file missing during a non-atomic update).
-    fn read(&self) -> Result<Self::Content, Self::Error>;
-
-    /// A hash of `content`: equal hashes are the same content.
-    fn fingerprint(content: &Self::Content) -> u64;
+    fn read(&self) -> Result<(u64, Self::Content), Self::Error>;
 
     /// Parses `content`.
     ///
@@ -70,7 +67,7 @@ pub trait Reload: Send + Sync + 'static {
     /// When it cannot be served.
     fn parse(&self, content: Self::Content) -> Result<Self::Value, Self::Error>;
 
-    /// `value` is being served from now on.
+    /// `value` is served from now on.
     fn reloaded(&self, value: &Self::Value);
 
     /// The content changed but cannot be served (`None`: reading it panicked); the last good
@@ -78,25 +75,14 @@ pub trait Reload: Send + Sync + 'static {
     fn failed(&self, error: Option<Self::Error>);
 }
 
-/// What one [`Reloader::check`] did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    /// The content is what is served, or what already failed.
-    Unchanged,
-    /// A new value is being served.
-    Reloaded,
-    /// The content changed but cannot be served; the last good value stays.
-    Failed,
-}
-
 /// Keeps a [`Live`] value in step with the content that `R` reads.
 #[derive(Debug)]
 pub struct Reloader<R: Reload> {
     source: Arc<R>,
     live: Arc<Live<R::Value>>,
-    /// The fingerprint of the content served (`None` before the first good load).
+    /// The hash of the content served (`None` before the first good load).
     served: Option<u64>,
-    /// The fingerprint of the content that failed last (0: it could not be read).
+    /// The hash of the content that failed last (0: it could not be read).
     failed: Option<u64>,
 }
 
@@ -104,14 +90,14 @@ enum Change<R: Reload> {
     /// The content is what is served.
     Served,
     /// The content is what failed last.
-    None,
+    Failed,
     Loaded(u64, R::Value),
     Broken(u64, R::Error),
 }
 
 impl<R: Reload> Reloader<R> {
-    /// A reloader into `live`, which serves nothing from `source` yet: the first
-    /// [`check`](Self::check) loads it.
+    /// A reloader into `live`, serving nothing from `source` until a [`check`](Self::check)
+    /// loads it.
     pub fn new(source: R, live: Arc<Live<R::Value>>) -> Self {
         Self {
             source: Arc::new(source),
@@ -121,21 +107,17 @@ impl<R: Reload> Reloader<R> {
         }
     }
 
-    /// A reloader whose first load must succeed: its value, live from the start. Blocking
-    /// (a startup step).
+    /// A reloader whose first load must succeed, serving it from the start. Blocking (a startup
+    /// step).
     ///
     /// # Errors
     /// Why the content cannot be read or parsed.
     pub fn load(source: R) -> Result<Self, R::Error> {
-        let content = source.read()?;
-        let fingerprint = R::fingerprint(&content);
-        let value = source.parse(content)?;
-        Ok(Self {
-            source: Arc::new(source),
-            live: Arc::new(Live::new(value)),
-            served: Some(fingerprint),
-            failed: None,
-        })
+        let (fingerprint, content) = source.read()?;
+        let live = Arc::new(Live::new(source.parse(content)?));
+        let mut reloader = Self::new(source, live);
+        reloader.served = Some(fingerprint);
+        Ok(reloader)
     }
 
     /// What is served.
@@ -144,50 +126,34 @@ impl<R: Reload> Reloader<R> {
     }
 
     /// Reads the content once and switches to it if it changed and parses; says what happened
-    /// through the source's [`Reload::reloaded`] and [`Reload::failed`].
-    pub async fn check(&mut self) -> Outcome {
+    /// through [`Reload::reloaded`] or [`Reload::failed`].
+    pub async fn check(&mut self) {
         let (source, served, failed) = (Arc::clone(&self.source), self.served, self.failed);
-        let change = tokio::task::spawn_blocking(move || {
-            let content = match source.read() {
-                Ok(content) => content,
-                Err(_) if failed == Some(0) => return Change::None,
-                Err(e) => return Change::<R>::Broken(0, e),
-            };
-            let fingerprint = R::fingerprint(&content);
-            if served == Some(fingerprint) {
-                return Change::Served;
-            }
-            if failed == Some(fingerprint) {
-                return Change::None;
-            }
-            match source.parse(content) {
+        let change = tokio::task::spawn_blocking(move || match source.read() {
+            Err(_) if failed == Some(0) => Change::Failed,
+            Err(e) => Change::<R>::Broken(0, e),
+            Ok((fingerprint, _)) if served == Some(fingerprint) => Change::Served,
+            Ok((fingerprint, _)) if failed == Some(fingerprint) => Change::Failed,
+            Ok((fingerprint, content)) => match source.parse(content) {
                 Ok(value) => Change::Loaded(fingerprint, value),
                 Err(e) => Change::Broken(fingerprint, e),
-            }
+            },
         })
         .await;
         match change {
-            Ok(Change::Served) => {
-                // Back to what is served: a later return of the broken content is news again.
-                self.failed = None;
-                Outcome::Unchanged
-            }
-            Ok(Change::None) => Outcome::Unchanged,
+            // Back to what is served: the broken content, should it return, is news again.
+            Ok(Change::Served) => self.failed = None,
+            Ok(Change::Failed) => {}
             Ok(Change::Loaded(fingerprint, value)) => {
                 self.live.store(value);
-                self.source.reloaded(&self.live.load());
                 (self.served, self.failed) = (Some(fingerprint), None);
-                Outcome::Reloaded
+                self.source.reloaded(&self.live.load());
             }
             Ok(Change::Broken(fingerprint, e)) => {
                 self.failed = Some(fingerprint);
                 self.source.failed(Some(e));
-                Outcome::Failed
             }
-            Err(_) => {
-                self.source.failed(None);
-                Outcome::Failed
-            }
+            Err(_) => self.source.failed(None),
         }
     }
 
@@ -236,16 +202,13 @@ mod tests {
         type Content = String;
         type Error = String;
 
-        fn read(&self) -> Result<String, String> {
-            let content = self.content.lock().unwrap_or_else(|e| e.into_inner());
-            content.clone().ok_or_else(|| "unreadable".to_string())
-        }
-
-        fn fingerprint(content: &String) -> u64 {
+        fn read(&self) -> Result<(u64, String), String> {
             use std::hash::{Hash, Hasher};
+            let content = self.content.lock().unwrap_or_else(|e| e.into_inner());
+            let content = content.clone().ok_or_else(|| "unreadable".to_string())?;
             let mut hasher = std::collections::hash_map::DefaultHasher::new();
             content.hash(&mut hasher);
-            hasher.finish()
+            Ok((hasher.finish(), content))
         }
 
         fn parse(&self, content: String) -> Result<String, String> {
@@ -272,30 +235,31 @@ mod tests {
         let mut reloader = Reloader::load(Arc::clone(&text)).expect("loads");
         let live = reloader.live();
         assert_eq!(*live.load(), "one");
-        assert_eq!(reloader.check().await, Outcome::Unchanged);
+        reloader.check().await;
+        assert!(text.said().is_empty(), "the content served is left alone");
 
         text.set(Some("bad one"));
-        assert_eq!(reloader.check().await, Outcome::Failed);
-        assert_eq!(reloader.check().await, Outcome::Unchanged);
+        reloader.check().await;
+        reloader.check().await;
         assert_eq!(text.said(), ["failed: cannot parse bad one"]);
         assert_eq!(*live.load(), "one", "the last good value stays");
 
         // Unreadable (e.g. a file missing mid-update): said once too.
         text.set(None);
-        assert_eq!(reloader.check().await, Outcome::Failed);
-        assert_eq!(reloader.check().await, Outcome::Unchanged);
+        reloader.check().await;
+        reloader.check().await;
         assert_eq!(text.said(), ["failed: unreadable"]);
 
         // Back to what is served: nothing to say, and the broken content is news again.
         text.set(Some("one"));
-        assert_eq!(reloader.check().await, Outcome::Unchanged);
+        reloader.check().await;
         text.set(Some("bad one"));
-        assert_eq!(reloader.check().await, Outcome::Failed);
+        reloader.check().await;
         assert_eq!(text.said(), ["failed: cannot parse bad one"]);
 
         text.set(Some("two"));
-        assert_eq!(reloader.check().await, Outcome::Reloaded);
-        assert_eq!(reloader.check().await, Outcome::Unchanged);
+        reloader.check().await;
+        reloader.check().await;
         assert_eq!(text.said(), ["reloaded two"]);
         assert_eq!(*live.load(), "two");
     }
@@ -306,9 +270,9 @@ mod tests {
         text.set(Some("bad"));
         let live = Arc::new(Live::new(String::new()));
         let mut reloader = Reloader::new(Arc::clone(&text), Arc::clone(&live));
-        assert_eq!(reloader.check().await, Outcome::Failed);
+        reloader.check().await;
         text.set(Some("good"));
-        assert_eq!(reloader.check().await, Outcome::Reloaded);
+        reloader.check().await;
         assert_eq!(*live.load(), "good");
         assert_eq!(text.said(), ["failed: cannot parse bad", "reloaded good"]);
     }
