@@ -19,5 +19,6 @@ pub mod raw_json;
 pub mod reconciler;
 pub mod render;
 pub mod serve;
+pub mod shell;
 pub mod shutdown;
 pub mod tls;

@@ -1,26 +1,25 @@
 //! TLS for `serve`: PEM loading, a rustls server configuration (TLS 1.2 and 1.3 only, the
 //! `aws-lc-rs` provider) and a serving certificate that is swapped without a restart when its files change.
 //!
-//! Reloading polls the *content* of the two files rather than watching paths: a Kubernetes Secret
-//! volume updates by an atomic rename of its `..data` symlink, which path watchers miss. A new
-//! pair is switched in only when both files parse and the key matches the certificate; otherwise
-//! the old pair keeps being served and the problem is logged once per distinct file content.
-//! Key material is never logged: errors name the file and the kind of problem only.
+//! The files are reloaded by content through the shell's [`Reloader`](crate::shell::Reloader)
+//! (see `serve`'s `reload`): a new pair is switched in only when both files parse and the key
+//! matches the certificate. Key material is never logged: errors name the file and the kind of
+//! problem only.
 
 use std::collections::hash_map::DefaultHasher;
 use std::fmt;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use rustls::ServerConfig;
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
+
+use crate::shell::Live;
 
 /// Installs `aws-lc-rs` as the process-wide rustls provider.
 ///
@@ -81,11 +80,10 @@ pub struct TlsFiles {
     pub key: PathBuf,
 }
 
-/// A parsed, matching certificate and key, with a fingerprint of the file content it came from.
+/// A parsed, matching certificate and key.
 #[derive(Clone)]
 pub struct LoadedPair {
     key: Arc<CertifiedKey>,
-    fingerprint: u64,
 }
 
 impl fmt::Debug for LoadedPair {
@@ -105,35 +103,43 @@ impl LoadedPair {
 }
 
 /// The bytes of both files (read as close together as possible).
-struct PairBytes {
+#[derive(Debug)]
+pub struct PairBytes {
     cert: Vec<u8>,
     key: Vec<u8>,
 }
 
 impl PairBytes {
-    async fn read(files: &TlsFiles) -> Result<Self, TlsError> {
+    /// Reads both files (blocking).
+    ///
+    /// # Errors
+    /// [`TlsError::Read`] naming the file.
+    pub fn read(files: &TlsFiles) -> Result<Self, TlsError> {
         let read = |path: &Path| {
-            let path = path.to_path_buf();
-            async move {
-                tokio::fs::read(&path)
-                    .await
-                    .map_err(|source| TlsError::Read { path, source })
-            }
+            std::fs::read(path).map_err(|source| TlsError::Read {
+                path: path.to_path_buf(),
+                source,
+            })
         };
         Ok(Self {
-            cert: read(&files.cert).await?,
-            key: read(&files.key).await?,
+            cert: read(&files.cert)?,
+            key: read(&files.key)?,
         })
     }
 
-    fn fingerprint(&self) -> u64 {
+    /// A hash of both files' content.
+    pub fn fingerprint(&self) -> u64 {
         let mut hasher = DefaultHasher::new();
         self.cert.hash(&mut hasher);
         self.key.hash(&mut hasher);
         hasher.finish()
     }
 
-    fn parse(&self, files: &TlsFiles) -> Result<LoadedPair, TlsError> {
+    /// The pair, if both files parse and the key fits the certificate.
+    ///
+    /// # Errors
+    /// [`TlsError`] naming the file and the problem (never the key's content).
+    pub fn parse(&self, files: &TlsFiles) -> Result<LoadedPair, TlsError> {
         let pem_error = |path: &Path, problem: String| TlsError::Pem {
             path: path.to_path_buf(),
             problem,
@@ -166,7 +172,6 @@ impl PairBytes {
             .map_err(|e| pair_error(format!("{e}")))?;
         Ok(LoadedPair {
             key: Arc::new(certified),
-            fingerprint: self.fingerprint(),
         })
     }
 }
@@ -188,37 +193,17 @@ fn pem_error_kind(e: &rustls::pki_types::pem::Error) -> &'static str {
 /// # Errors
 /// [`TlsError`] naming the file and the problem.
 pub async fn load_pair(files: &TlsFiles) -> Result<LoadedPair, TlsError> {
-    PairBytes::read(files).await?.parse(files)
+    PairBytes::read(files)?.parse(files)
 }
 
-/// The certificate resolver of the server: hands out whatever pair is current. Lock-free reads.
-pub struct ReloadingCert {
-    current: ArcSwap<LoadedPair>,
-}
+/// The certificate resolver of the server: hands out whatever pair is current (lock-free
+/// reads); [`serve`](crate::serve) keeps it in step with the files through the shell's
+/// [`Reloader`](crate::shell::Reloader).
+pub type ReloadingCert = Live<LoadedPair>;
 
-impl fmt::Debug for ReloadingCert {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReloadingCert").finish_non_exhaustive()
-    }
-}
-
-impl ReloadingCert {
-    /// Starts with `pair`.
-    pub fn new(pair: LoadedPair) -> Self {
-        Self {
-            current: ArcSwap::from_pointee(pair),
-        }
-    }
-
-    /// The pair being served.
-    pub fn current(&self) -> Arc<LoadedPair> {
-        self.current.load_full()
-    }
-}
-
-impl ResolvesServerCert for ReloadingCert {
+impl ResolvesServerCert for Live<LoadedPair> {
     fn resolve(&self, _client_hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        Some(Arc::clone(&self.current.load().key))
+        Some(self.with(|pair| Arc::clone(&pair.key)))
     }
 }
 
@@ -235,91 +220,4 @@ pub fn server_config(resolver: Arc<ReloadingCert>) -> Result<ServerConfig, TlsEr
         .with_cert_resolver(resolver);
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
-}
-
-/// What one reload check did.
-#[derive(Debug)]
-pub enum ReloadOutcome {
-    /// The files hold what is already served (or what already failed).
-    Unchanged,
-    /// A new pair is being served.
-    Reloaded,
-    /// The files changed but cannot be served; the old pair stays.
-    Failed(TlsError),
-}
-
-/// Polls the certificate files and swaps a new pair into a [`ReloadingCert`].
-#[derive(Debug)]
-pub struct CertReloader {
-    files: TlsFiles,
-    resolver: Arc<ReloadingCert>,
-    /// Content that failed last, so a broken file is reported once, not on every poll.
-    last_failed: Option<u64>,
-}
-
-impl CertReloader {
-    /// A reloader for `files` that updates `resolver`.
-    pub fn new(files: TlsFiles, resolver: Arc<ReloadingCert>) -> Self {
-        Self {
-            files,
-            resolver,
-            last_failed: None,
-        }
-    }
-
-    /// Reads both files once and switches to them if they changed and form a valid pair.
-    pub async fn check(&mut self) -> ReloadOutcome {
-        let bytes = match PairBytes::read(&self.files).await {
-            Ok(bytes) => bytes,
-            // A missing file during a non-atomic update: reported once until the content changes.
-            Err(e) => return self.failed(0, e),
-        };
-        let fingerprint = bytes.fingerprint();
-        if fingerprint == self.resolver.current().fingerprint {
-            self.last_failed = None;
-            return ReloadOutcome::Unchanged;
-        }
-        if self.last_failed == Some(fingerprint) {
-            return ReloadOutcome::Unchanged;
-        }
-        match bytes.parse(&self.files) {
-            Ok(pair) => {
-                self.resolver.current.store(Arc::new(pair));
-                self.last_failed = None;
-                ReloadOutcome::Reloaded
-            }
-            Err(e) => self.failed(fingerprint, e),
-        }
-    }
-
-    fn failed(&mut self, fingerprint: u64, e: TlsError) -> ReloadOutcome {
-        if self.last_failed == Some(fingerprint) {
-            return ReloadOutcome::Unchanged;
-        }
-        self.last_failed = Some(fingerprint);
-        ReloadOutcome::Failed(e)
-    }
-
-    /// Checks every `interval` forever, logging each switch and each new failure.
-    pub async fn run(mut self, interval: Duration, on_outcome: impl Fn(&ReloadOutcome)) {
-        let mut ticker = tokio::time::interval(interval);
-        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        ticker.tick().await;
-        loop {
-            ticker.tick().await;
-            let outcome = self.check().await;
-            match &outcome {
-                ReloadOutcome::Unchanged => {}
-                ReloadOutcome::Reloaded => tracing::info!(
-                    cert = %self.files.cert.display(),
-                    "serving the new TLS certificate"
-                ),
-                ReloadOutcome::Failed(e) => tracing::error!(
-                    error = %e,
-                    "TLS certificate files changed but cannot be used; still serving the previous certificate"
-                ),
-            }
-            on_outcome(&outcome);
-        }
-    }
 }

@@ -22,7 +22,7 @@ use mpi_webhook::api::{RuntimeKind, TrainJob, TrainingRuntime};
 use mpi_webhook::objects::{LookupError, ObjectSource};
 use mpi_webhook::serve::metrics::Metrics;
 use mpi_webhook::serve::{
-    self, MAX_BODY_BYTES, Readiness, Running, ServeObjects, ServeOptions, TIMEOUT_MESSAGE,
+    self, MAX_BODY_BYTES, Running, ServeObjects, ServeOptions, TIMEOUT_MESSAGE,
 };
 use mpi_webhook::tls::TlsFiles;
 use serde_json::{Value, json};
@@ -482,7 +482,7 @@ async fn bodies_over_7_mib_without_content_length_get_413() {
     use tower::ServiceExt;
     let state = Arc::new(mpi_webhook::serve::AppState::new(
         Arc::new(mpi_webhook::objects::Snapshot::default()),
-        Readiness::new(),
+        serve::readiness(),
         Arc::new(Metrics::new()),
     ));
     // No Content-Length header (as with chunked encoding): the limit applies while reading.
@@ -547,8 +547,8 @@ async fn an_expired_deadline_is_a_denial_with_the_uid() {
     init();
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::write(dir.path());
-    let readiness = Readiness::new();
-    readiness.set_objects_loaded();
+    let readiness = serve::readiness();
+    readiness.pass(serve::OBJECTS_LOADED);
     let server = serve::start_with(
         options(ca.files.clone()),
         Arc::new(StuckSource),

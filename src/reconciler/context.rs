@@ -11,7 +11,6 @@ use futures::future::{BoxFuture, Shared};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::core::{DynamicObject, PartialObjectMeta};
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -21,6 +20,7 @@ use crate::mpi::ssh_secret::{KeyError, SshKeyPair};
 use crate::objects::cluster::ClusterObjects;
 
 use super::error::Error;
+use super::events::Events;
 use super::metrics::ReconcileMetrics;
 
 /// First retry delay after a failed reconcile; doubled on every further failure.
@@ -45,7 +45,7 @@ pub struct ContextParts {
     /// The NetworkPolicies we applied (label-selected).
     pub network_policies: Store<NetworkPolicy>,
     /// Publishes the Events on the owners.
-    pub recorder: Recorder,
+    pub events: Events,
     /// Counts reconciles, writes and failures.
     pub metrics: ReconcileMetrics,
     /// `true` while this replica may write (always, without `--leader-elect`).
@@ -65,7 +65,7 @@ pub struct Context {
     pub(super) secrets: Store<PartialObjectMeta<Secret>>,
     /// The ConfigMaps we applied (label-selected).
     pub(super) configmaps: Store<ConfigMap>,
-    pub(super) recorder: Recorder,
+    pub(super) events: Events,
     pub(super) metrics: ReconcileMetrics,
     pub(super) leader: watch::Receiver<bool>,
     pub(super) retries: Retries,
@@ -96,7 +96,7 @@ impl Context {
             secrets,
             configmaps,
             network_policies,
-            recorder,
+            events,
             metrics,
             leader,
             keygen,
@@ -108,7 +108,7 @@ impl Context {
             objects,
             secrets,
             configmaps,
-            recorder,
+            events,
             metrics,
             leader,
             retries: Retries::default(),
@@ -148,30 +148,6 @@ impl Context {
             .is_err()
         {
             tracing::debug!("caches not synced yet; deciding with GETs");
-        }
-    }
-
-    /// Publishes an Event on `regarding` (the TrainJob, or in JobSet mode the JobSet).
-    pub(super) async fn publish<K: Resource<DynamicType = ()>>(
-        &self,
-        regarding: &K,
-        type_: EventType,
-        reason: &str,
-        note: String,
-    ) {
-        let event = Event {
-            type_,
-            reason: reason.to_string(),
-            note: Some(note),
-            action: "Reconcile".to_string(),
-            secondary: None,
-        };
-        if let Err(error) = self
-            .recorder
-            .publish(&event, &regarding.object_ref(&()))
-            .await
-        {
-            tracing::warn!(%error, reason, "publishing an Event failed");
         }
     }
 }

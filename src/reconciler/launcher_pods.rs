@@ -18,10 +18,7 @@ use std::collections::{BTreeSet, HashMap};
 use futures::future::{BoxFuture, Shared};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::PostParams;
-use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
@@ -37,6 +34,7 @@ use crate::mpi::objects_for::runtime_of;
 use crate::mpi::plan::WiredContainer;
 use crate::objects::cluster::{CacheMetrics, ClusterObjects, retried, watch_config};
 
+use super::events::Events;
 use super::metrics::ReconcileMetrics;
 
 /// What the launcher-Pod watch needs, for one leadership term.
@@ -52,7 +50,8 @@ pub(super) struct LauncherPods {
     pub(super) caches_ready: Shared<BoxFuture<'static, ()>>,
     /// `true` while this replica may write.
     pub(super) leader: watch::Receiver<bool>,
-    pub(super) reporter: Reporter,
+    /// Creates the Events, once per failed run.
+    pub(super) events: Events,
     pub(super) metrics: ReconcileMetrics,
     pub(super) cache_metrics: CacheMetrics,
 }
@@ -154,24 +153,26 @@ impl LauncherPods {
 
     /// Creates the Event; `true` when it exists now (made here or before).
     async fn record(&self, failure: &FailedRun, regarding: &ObjectReference) -> bool {
-        let instance = self.reporter.instance.as_deref().unwrap_or_default();
-        let event = failure.event(
-            regarding.clone(),
-            &self.reporter.controller,
-            instance,
-            k8s_openapi::jiff::Timestamp::now(),
-        );
         let reason = failure.kind.reason();
-        let events = Api::<Event>::namespaced(self.client.clone(), &failure.namespace);
-        match events.create(&PostParams::default(), &event).await {
-            Ok(_) => {
+        let created = self
+            .events
+            .create_once(&failure.namespace, |controller, instance| {
+                failure.event(
+                    regarding.clone(),
+                    controller,
+                    instance,
+                    k8s_openapi::jiff::Timestamp::now(),
+                )
+            });
+        match created.await {
+            Ok(true) => {
                 self.metrics.failed_run(failure.kind);
                 tracing::info!(namespace = %failure.namespace, jobset = %failure.jobset,
                     pod = %failure.pod, container = %failure.container, run = failure.run,
                     reason, "recorded a failed run");
                 true
             }
-            Err(kube::Error::Api(status)) if status.is_already_exists() => true,
+            Ok(false) => true,
             Err(error) => {
                 tracing::warn!(%error, namespace = %failure.namespace, jobset = %failure.jobset,
                     pod = %failure.pod, reason, "recording a failed run failed");
@@ -249,6 +250,7 @@ mod tests {
     use futures::channel::mpsc;
     use http::{Method, Request, Response};
     use kube::client::Body;
+    use kube::runtime::events::Reporter;
     use pretty_assertions::assert_eq;
     use serde_json::{Value, json};
 
@@ -263,7 +265,7 @@ mod tests {
     const LINE: &str = "pi-node-0-1.pi: no DNS answer after 300 s";
 
     type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
-    type Events = mpsc::UnboundedSender<Result<watcher::Event<Pod>, watcher::Error>>;
+    type PodEvents = mpsc::UnboundedSender<Result<watcher::Event<Pod>, watcher::Error>>;
 
     fn jobset() -> JobSet {
         serde_json::from_value(json!({
@@ -338,16 +340,19 @@ mod tests {
             CacheMetrics::default(),
         );
         let pods = LauncherPods {
-            client,
+            client: client.clone(),
             jobsets: synced_store((), vec![jobset()]),
             jobsets_listed,
             objects,
             caches_ready: futures::future::ready(()).boxed().shared(),
             leader,
-            reporter: Reporter {
-                controller: "mpi-webhook".into(),
-                instance: Some("replica-a".into()),
-            },
+            events: Events::new(
+                client.clone(),
+                Reporter {
+                    controller: "mpi-webhook".into(),
+                    instance: Some("replica-a".into()),
+                },
+            ),
             metrics: ReconcileMetrics::default(),
             cache_metrics: CacheMetrics::default(),
         };
@@ -359,7 +364,7 @@ mod tests {
     fn launcher_pods(
         leader: bool,
     ) -> (
-        Events,
+        PodEvents,
         Handle,
         tokio::task::JoinHandle<(u64, u64)>,
         watch::Sender<bool>,
@@ -377,7 +382,7 @@ mod tests {
         (tx, handle, task, leader_tx)
     }
 
-    fn send(events: &Events, event: watcher::Event<Pod>) {
+    fn send(events: &PodEvents, event: watcher::Event<Pod>) {
         events.unbounded_send(Ok(event)).expect("handler alive");
     }
 
@@ -428,7 +433,7 @@ mod tests {
 
     /// Ends the handler and returns its count; no request may be left.
     async fn finish(
-        events: Events,
+        events: PodEvents,
         mut handle: Handle,
         task: tokio::task::JoinHandle<(u64, u64)>,
     ) -> (u64, u64) {

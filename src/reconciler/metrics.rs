@@ -1,16 +1,10 @@
-//! Prometheus metrics of `reconcile` and its plain-HTTP `/healthz`, `/readyz` and `/metrics`.
+//! Prometheus metrics of `reconcile`, served on `--metrics-listen` with `/healthz` and `/readyz`
+//! by the [shell](crate::shell).
 //!
 //! Labels are small fixed sets (error kind, object kind): never object names or namespaces.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -188,60 +182,4 @@ impl Drop for ReconcileTimer {
     fn drop(&mut self) {
         self.histogram.observe(self.start.elapsed().as_secs_f64());
     }
-}
-
-/// What the probe endpoints read.
-#[derive(Debug)]
-pub struct Probes {
-    registry: Registry,
-    ready: AtomicBool,
-}
-
-impl Probes {
-    /// Probes over a finished registry; not ready until [`Probes::set_ready`].
-    pub fn new(registry: Registry) -> Arc<Self> {
-        Arc::new(Self {
-            registry,
-            ready: AtomicBool::new(false),
-        })
-    }
-
-    /// Marks the process ready (or not).
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.store(ready, Ordering::Release);
-    }
-}
-
-/// `/healthz` (always 200 while the process serves), `/readyz` (200 once started up) and
-/// `/metrics` (OpenMetrics text).
-pub fn probes_router(probes: Arc<Probes>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .with_state(probes)
-}
-
-async fn readyz(State(probes): State<Arc<Probes>>) -> Response {
-    if probes.ready.load(Ordering::Acquire) {
-        "ok".into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "starting").into_response()
-    }
-}
-
-async fn metrics(State(probes): State<Arc<Probes>>) -> Response {
-    let mut body = String::new();
-    if let Err(error) = prometheus_client::encoding::text::encode(&mut body, &probes.registry) {
-        tracing::error!(%error, "encoding metrics");
-        return StatusCode::INTERNAL_SERVER_ERROR.into_response();
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        body,
-    )
-        .into_response()
 }

@@ -25,6 +25,7 @@
 mod conflict;
 mod context;
 mod error;
+mod events;
 mod launcher_pods;
 mod leader;
 mod metrics;
@@ -37,8 +38,9 @@ mod writes;
 
 pub use context::{Applied, AppliedConfigMaps, Context, ContextParts};
 pub use error::{Error, HostfileConflict, TRAINER_MANAGER};
+pub use events::Events;
 pub use leader::{LeaseSettings, TermEnd, run_while_leader};
-pub use metrics::{Probes, ReconcileMetrics, probes_router};
+pub use metrics::ReconcileMetrics;
 pub use owners::{Desired, MpiOwner};
 pub use reconcile::{Written, error_policy, reconcile};
 pub use run::{ReconcileError, run};

@@ -111,7 +111,9 @@ async fn report<K: MpiOwner>(
         Err(error) => {
             let note = error.to_string();
             let reason = error.event_reason(K::FAILED_REASON);
-            ctx.publish(owner, EventType::Warning, reason, note).await;
+            ctx.events
+                .publish(owner, EventType::Warning, reason, note)
+                .await;
             Err(error)
         }
     }

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
@@ -26,12 +26,14 @@ use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
 use crate::objects::cluster::{
     CacheMetrics, ClusterObjects, identity, reflect, retried, watch_config,
 };
+use crate::shell::probes::{self, Gate, Readiness};
 
 use super::context::{Context, ContextParts};
 use super::error::Error;
+use super::events::Events;
 use super::launcher_pods::LauncherPods;
 use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};
-use super::metrics::{Probes, ReconcileMetrics, probes_router};
+use super::metrics::ReconcileMetrics;
 use super::reconcile::{error_policy, reconcile};
 
 /// Timeout of every Lease request: below the renewal grace, so a hung renewal fails (and the
@@ -39,6 +41,8 @@ use super::reconcile::{error_policy, reconcile};
 const LEASE_REQUEST_TIMEOUT: Duration = Duration::from_secs(4);
 /// TrainJobs reconciled at once.
 const CONCURRENCY: u16 = 8;
+/// What `/readyz` waits for: the probe server and the election (or the only writer) started.
+const STARTED: Gate = Gate("starting");
 
 /// `reconcile` could not start, or its probe server failed.
 #[derive(Debug, thiserror::Error)]
@@ -79,9 +83,8 @@ impl ReconcileError {
 #[derive(Clone)]
 pub(super) struct Shared {
     pub(super) client: Client,
-    pub(super) recorder: Recorder,
-    /// Who the Events say recorded them (the Recorder's, for the Events written directly).
-    pub(super) reporter: Reporter,
+    /// Writes every Event, as this replica.
+    pub(super) events: Events,
     pub(super) metrics: ReconcileMetrics,
     pub(super) cache_metrics: CacheMetrics,
     /// `--network-policy-default`.
@@ -101,18 +104,22 @@ pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
     let client = Client::try_from(config.clone()).map_err(ReconcileError::Client)?;
     let settings = lease_settings(&args, &client);
     let mut registry = Registry::with_prefix("mpi_webhook");
-    let reporter = reporter(&settings.holder);
     let shared = Shared {
-        recorder: Recorder::new(client.clone(), reporter.clone()),
-        reporter,
+        events: Events::new(client.clone(), reporter(&settings.holder)),
         metrics: ReconcileMetrics::register(&mut registry),
         cache_metrics: CacheMetrics::register(&mut registry),
         network_policy_default: args.network_policy_default,
         client,
     };
-    let probes = Probes::new(registry);
+    let readiness = Readiness::waiting_for(&[STARTED]);
     let (stop_tx, stop_rx) = watch::channel(false);
-    let probe_server = serve_probes(args.metrics_listen, probes.clone(), stop_rx.clone()).await?;
+    let probe_server = serve_probes(
+        args.metrics_listen,
+        Arc::new(registry),
+        readiness.clone(),
+        stop_rx.clone(),
+    )
+    .await?;
     // The Lease is released only after the controller stopped, so a standby never starts
     // writing while this replica's last reconciles are still finishing.
     let (release_tx, release_rx) = watch::channel(false);
@@ -126,7 +133,7 @@ pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
         tracing::info!("leader election off: reconciling as the only writer");
         (leader_always(stop_rx.clone()), None)
     };
-    probes.set_ready(true);
+    readiness.pass(STARTED);
     let signal = crate::shutdown::shutdown_signal().map_err(ReconcileError::Signal)?;
     tokio::spawn(async move {
         signal.await;
@@ -194,27 +201,26 @@ fn leader_always(mut shutdown: watch::Receiver<bool>) -> watch::Receiver<bool> {
     rx
 }
 
+/// `/healthz`, `/readyz` and `/metrics` on `addr`, until `stop`.
 async fn serve_probes(
     addr: std::net::SocketAddr,
-    probes: Arc<Probes>,
+    registry: Arc<Registry>,
+    readiness: Readiness,
     mut stop: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<()>, ReconcileError> {
-    let listen_error = |source| ReconcileError::Listen { addr, source };
     let listener = tokio::net::TcpListener::bind(addr)
         .await
-        .map_err(listen_error)?;
+        .map_err(|source| ReconcileError::Listen { addr, source })?;
     tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
-    Ok(tokio::spawn(async move {
-        let shutdown = async move {
+    let routes = probes::metrics_route(registry).merge(probes::probe_routes(readiness, None));
+    Ok(probes::serve(
+        "probe server",
+        listener,
+        routes,
+        async move {
             let _ = stop.wait_for(|s| *s).await;
-        };
-        if let Err(error) = axum::serve(listener, probes_router(probes))
-            .with_graceful_shutdown(shutdown)
-            .await
-        {
-            tracing::error!(%error, "probe server failed");
-        }
-    }))
+        },
+    ))
 }
 
 /// One leadership term: fresh watches and caches, reconciling TrainJobs and JobSet-mode JobSets,
@@ -243,7 +249,7 @@ pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: T
         objects,
         caches_ready,
         leader,
-        reporter: shared.reporter.clone(),
+        events: shared.events.clone(),
         metrics: shared.metrics.clone(),
         cache_metrics: shared.cache_metrics.clone(),
     };
@@ -381,7 +387,7 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
         secrets: secrets_store,
         configmaps: configmaps_store,
         network_policies: policies_store,
-        recorder: shared.recorder.clone(),
+        events: shared.events.clone(),
         metrics: shared.metrics.clone(),
         leader,
         keygen: generate_key_pair,

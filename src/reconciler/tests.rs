@@ -15,7 +15,7 @@ use kube::Client;
 use kube::client::Body;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use pretty_assertions::assert_eq;
@@ -211,7 +211,7 @@ fn fixture(caches: Caches) -> Fixture {
         secrets: synced_store((), secrets),
         configmaps: synced_store((), caches.configmap.into_iter().collect()),
         network_policies: synced_store((), caches.network_policy.into_iter().collect()),
-        recorder: Recorder::new(client, reporter),
+        events: Events::new(client, reporter),
         metrics: metrics.clone(),
         leader: leader_rx,
         keygen: fixed_keys,
@@ -714,7 +714,7 @@ async fn concurrent_reconciles_all_resume_when_the_caches_become_ready() {
         secrets: secrets.as_reader(),
         configmaps: configmaps.as_reader(),
         network_policies: synced_store((), vec![]),
-        recorder: Recorder::new(client, Reporter::from("mpi-webhook")),
+        events: Events::new(client, Reporter::from("mpi-webhook")),
         metrics: ReconcileMetrics::default(),
         leader: leader_rx,
         keygen: fixed_keys,
@@ -789,8 +789,7 @@ fn runtime_changes_map_to_the_train_jobs_using_them() {
 /// Shared settings over a mock API server.
 fn shared(client: Client) -> Shared {
     Shared {
-        recorder: Recorder::new(client.clone(), Reporter::from("mpi-webhook")),
-        reporter: Reporter::from("mpi-webhook"),
+        events: Events::new(client.clone(), Reporter::from("mpi-webhook")),
         client,
         metrics: ReconcileMetrics::default(),
         cache_metrics: CacheMetrics::default(),

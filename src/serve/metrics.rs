@@ -1,15 +1,11 @@
-//! Prometheus metrics of `serve` (prometheus-client) and the plain-HTTP `/metrics` router.
+//! Prometheus metrics of `serve` (prometheus-client), served on `--metrics-listen` by the shell's
+//! [`metrics_route`](crate::shell::probes::metrics_route).
 //!
 //! Labels are small fixed sets (route name, outcome, result): never object names, namespaces or
 //! uids, so cardinality stays bounded however busy the cluster is.
 
 use std::sync::Arc;
 
-use axum::Router;
-use axum::extract::State;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -100,9 +96,18 @@ fn latency_histogram() -> Histogram {
     Histogram::new(LATENCY_BUCKETS)
 }
 
+/// What a reload was of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reloaded {
+    /// The serving certificate (`tls_reloads`).
+    Tls,
+    /// `--objects-dir` (`objects_reloads`).
+    ObjectsDir,
+}
+
 /// The metrics of one `serve` process.
 pub struct Metrics {
-    registry: Registry,
+    registry: Arc<Registry>,
     requests: Family<RequestLabels, Counter>,
     duration: Family<RouteLabels, Histogram, fn() -> Histogram>,
     patch_operations: Family<RouteLabels, Counter>,
@@ -171,7 +176,7 @@ impl Metrics {
         registry.register("ready", "1 when /readyz answers 200", ready.clone());
         let cache = CacheMetrics::register(&mut registry);
         Self {
-            registry,
+            registry: Arc::new(registry),
             requests,
             duration,
             patch_operations,
@@ -212,18 +217,13 @@ impl Metrics {
         }
     }
 
-    /// Records a certificate reload attempt (`"reloaded"` or `"failed"`).
-    pub fn tls_reload(&self, result: &'static str) {
-        self.tls_reloads
-            .get_or_create(&ResultLabels { result })
-            .inc();
-    }
-
-    /// Records an objects-dir reload attempt (`"reloaded"` or `"failed"`).
-    pub fn objects_reload(&self, result: &'static str) {
-        self.objects_reloads
-            .get_or_create(&ResultLabels { result })
-            .inc();
+    /// Records a reload attempt (`"reloaded"` or `"failed"`).
+    pub fn reload(&self, what: Reloaded, result: &'static str) {
+        let family = match what {
+            Reloaded::Tls => &self.tls_reloads,
+            Reloaded::ObjectsDir => &self.objects_reloads,
+        };
+        family.get_or_create(&ResultLabels { result }).inc();
     }
 
     /// Records a background task restart.
@@ -231,39 +231,13 @@ impl Metrics {
         self.task_restarts.get_or_create(&TaskLabels { task }).inc();
     }
 
-    /// Sets the readiness gauge.
-    pub fn set_ready(&self, ready: bool) {
-        self.ready.set(i64::from(ready));
+    /// The readiness gauge, which `/readyz` sets.
+    pub fn ready(&self) -> Gauge {
+        self.ready.clone()
     }
 
-    /// The Prometheus text exposition of every metric.
-    ///
-    /// # Errors
-    /// Only if formatting into a `String` fails (it does not).
-    pub fn encode(&self) -> Result<String, std::fmt::Error> {
-        let mut text = String::new();
-        prometheus_client::encoding::text::encode(&mut text, &self.registry)?;
-        Ok(text)
-    }
-}
-
-/// The plain-HTTP router of `--metrics-listen`: `GET /metrics`.
-pub fn router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics_handler))
-        .with_state(metrics)
-}
-
-async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> Response {
-    match metrics.encode() {
-        Ok(text) => (
-            [(
-                header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+    /// Every metric, for `/metrics`.
+    pub fn registry(&self) -> Arc<Registry> {
+        Arc::clone(&self.registry)
     }
 }

@@ -2,12 +2,13 @@
 //! HTTPS and metrics listeners, the background reload tasks, and graceful shutdown.
 //!
 //! What it is made of: [`router`] (the HTTPS routes and their handlers, with the body and deadline
-//! bounds), [`readiness`] (what `/readyz` answers), [`accept`] (the TLS accept loop and the drain
-//! at shutdown), [`supervise`] (restarting a background task that dies).
+//! bounds), [`accept`] (the TLS accept loop and the drain at shutdown), [`reload`] (the
+//! certificate and `--objects-dir`, reloaded on change), [`supervise`] (restarting a background
+//! task that dies), [`metrics`]. The probes, the `/metrics` route and the reloader are the
+//! [shell](crate::shell)'s, shared with `reconcile`.
 
 mod accept;
 pub mod metrics;
-pub mod readiness;
 pub mod reload;
 pub mod router;
 pub mod supervise;
@@ -26,14 +27,27 @@ use crate::certs::{self, CertsError};
 use crate::cli::ServeArgs;
 use crate::objects::cluster::ClusterObjects;
 use crate::objects::{LoadError, ObjectSource, Snapshot};
-use crate::tls::{self, CertReloader, ReloadOutcome, ReloadingCert, TlsError, TlsFiles};
+use crate::shell::probes::{self, Gate};
+use crate::shell::{Reload, Reloader};
+use crate::tls::{self, TlsError, TlsFiles};
 use accept::Phase;
 use metrics::Metrics;
-use reload::{DirReloader, LiveSnapshot};
+use reload::{CertFiles, LiveSnapshot, ObjectsDir};
 use supervise::supervise;
 
-pub use readiness::Readiness;
+pub use crate::shell::Readiness;
 pub use router::{AppState, MAX_BODY_BYTES, TIMEOUT_MESSAGE, router};
+
+/// What `serve` waits for first: the object source loaded (or its caches synced).
+pub const OBJECTS_LOADED: Gate = Gate("objects not loaded yet");
+/// What `serve` waits for next: the TLS listener bound and accepting.
+pub const LISTENING: Gate = Gate("TLS listener not bound yet");
+
+/// Readiness of `serve`: ready once the objects are loaded and the TLS listener is bound,
+/// until shutdown starts.
+pub fn readiness() -> Readiness {
+    Readiness::waiting_for(&[OBJECTS_LOADED, LISTENING])
+}
 
 /// `serve` failed to start or to shut down cleanly.
 #[derive(Debug, thiserror::Error)]
@@ -227,7 +241,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
 /// # Errors
 /// [`ServeError`] when the objects, the certificate or a listener cannot be set up.
 pub async fn start(options: ServeOptions, objects: ServeObjects) -> Result<Running, ServeError> {
-    let readiness = Readiness::new();
+    let readiness = readiness();
     let metrics = Arc::new(Metrics::new());
     let live = Arc::new(LiveSnapshot::default());
     let mut tasks = Vec::new();
@@ -237,28 +251,18 @@ pub async fn start(options: ServeOptions, objects: ServeObjects) -> Result<Runni
                 return Err(ServeError::ObjectsDir { path: dir, source });
             }
             tracing::info!(dir = %dir.display(), "reading objects from --objects-dir");
-            let mut reloader =
-                DirReloader::new(dir, Arc::clone(&live), readiness.clone(), metrics.clone());
+            let source = ObjectsDir {
+                dir,
+                metrics: metrics.clone(),
+                readiness: readiness.clone(),
+                gate: OBJECTS_LOADED,
+            };
+            let mut reloader = Reloader::new(source, Arc::clone(&live));
             // First load before serving, so a good directory is ready at once; a broken one
             // leaves /readyz at 503 until a fixed version is seen.
             reloader.check().await;
             let interval = options.objects_poll_interval;
-            let reloader = Arc::new(tokio::sync::Mutex::new(reloader));
-            tasks.push(supervise(
-                "objects-dir-reload",
-                metrics.clone(),
-                move || {
-                    let reloader = Arc::clone(&reloader);
-                    async move {
-                        let mut ticker = tokio::time::interval(interval);
-                        ticker.tick().await;
-                        loop {
-                            ticker.tick().await;
-                            reloader.lock().await.check().await;
-                        }
-                    }
-                },
-            ));
+            tasks.push(poll("objects-dir-reload", reloader, interval, &metrics));
         }
         ServeObjects::Shipped => {
             let snapshot = Snapshot::shipped_runtimes().map_err(ServeError::Shipped)?;
@@ -267,7 +271,7 @@ pub async fn start(options: ServeOptions, objects: ServeObjects) -> Result<Runni
                 "no --objects-dir and no Kubernetes configuration: serving with the shipped runtimes (manifests/runtimes/) only"
             );
             live.store(snapshot);
-            readiness.set_objects_loaded();
+            readiness.pass(OBJECTS_LOADED);
         }
         ServeObjects::Cluster(config) => {
             return start_cluster(options, *config, readiness, metrics).await;
@@ -298,7 +302,7 @@ async fn start_cluster(
     tasks.push(tokio::spawn(async move {
         if synced.synced().await.is_ok() {
             tracing::info!("object caches synced");
-            ready.set_objects_loaded();
+            ready.pass(OBJECTS_LOADED);
         }
     }));
     let mut running = start_with(options, Arc::new(objects), readiness, metrics).await?;
@@ -317,8 +321,11 @@ pub async fn start_with<S: ObjectSource + 'static>(
     readiness: Readiness,
     metrics: Arc<Metrics>,
 ) -> Result<Running, ServeError> {
-    let resolver = Arc::new(ReloadingCert::new(tls::load_pair(&options.tls).await?));
-    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(Arc::clone(&resolver))?));
+    let certs = Reloader::load(CertFiles {
+        files: options.tls.clone(),
+        metrics: metrics.clone(),
+    })?;
+    let acceptor = TlsAcceptor::from(Arc::new(tls::server_config(certs.live())?));
     let bind = |what, addr| async move {
         TcpListener::bind(addr)
             .await
@@ -337,19 +344,20 @@ pub async fn start_with<S: ObjectSource + 'static>(
         options.metrics_listen,
     )?;
 
-    let mut tasks = vec![spawn_cert_reloader(&options, resolver, metrics.clone())];
+    let mut tasks = vec![poll(
+        "tls-reload",
+        certs,
+        options.tls_poll_interval,
+        &metrics,
+    )];
     let (shutdown_tx, shutdown_rx) = watch::channel(Phase::Serving);
-    let metrics_router = metrics::router(metrics.clone());
     let mut metrics_shutdown = shutdown_rx.clone();
-    tasks.push(tokio::spawn(async move {
-        let server =
-            axum::serve(metrics_listener, metrics_router).with_graceful_shutdown(async move {
-                accept::stop_requested(&mut metrics_shutdown).await;
-            });
-        if let Err(e) = server.await {
-            tracing::error!(error = %e, "metrics listener failed");
-        }
-    }));
+    tasks.push(probes::serve(
+        "metrics listener",
+        metrics_listener,
+        probes::metrics_route(metrics.registry()),
+        async move { accept::stop_requested(&mut metrics_shutdown).await },
+    ));
     let state = Arc::new(
         AppState::new(objects, readiness.clone(), metrics).with_policy(options.policy.clone()),
     );
@@ -362,7 +370,7 @@ pub async fn start_with<S: ObjectSource + 'static>(
         shutdown_rx,
         grace,
     ));
-    readiness.set_listening();
+    readiness.pass(LISTENING);
     tracing::info!(%https_addr, %metrics_addr, "listening (HTTPS admission, plain-HTTP /metrics)");
     Ok(Running {
         https_addr,
@@ -374,21 +382,16 @@ pub async fn start_with<S: ObjectSource + 'static>(
     })
 }
 
-fn spawn_cert_reloader(
-    options: &ServeOptions,
-    resolver: Arc<ReloadingCert>,
-    metrics: Arc<Metrics>,
+/// Polls `reloader` every `interval` under [`supervise`], keeping what it saw across restarts.
+fn poll<R: Reload>(
+    name: &'static str,
+    reloader: Reloader<R>,
+    interval: Duration,
+    metrics: &Arc<Metrics>,
 ) -> JoinHandle<()> {
-    let files = options.tls.clone();
-    let interval = options.tls_poll_interval;
-    supervise("tls-reload", metrics.clone(), move || {
-        let reloader = CertReloader::new(files.clone(), Arc::clone(&resolver));
-        let metrics = metrics.clone();
-        reloader.run(interval, move |outcome| match outcome {
-            ReloadOutcome::Unchanged => {}
-            ReloadOutcome::Reloaded => metrics.tls_reload("reloaded"),
-            ReloadOutcome::Failed(_) => metrics.tls_reload("failed"),
-        })
+    let reloader = Arc::new(tokio::sync::Mutex::new(reloader));
+    supervise(name, metrics.clone(), move || {
+        Reloader::poll(Arc::clone(&reloader), interval)
     })
 }
 

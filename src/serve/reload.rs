@@ -1,142 +1,125 @@
-//! Reloading `--objects-dir` for `serve`: the swappable object snapshot behind it and the poller
-//! that reloads it (run under [`supervise`](super::supervise::supervise)).
+//! What `serve` reloads while it runs, each through the shell's [`Reloader`](crate::shell::Reloader): the serving
+//! certificate ([`CertFiles`]) and `--objects-dir` ([`ObjectsDir`]).
 //!
-//! `--objects-dir` is polled by content (a hash of every file `Snapshot::load_dir` would read),
-//! so edits, new files, deletions and a ConfigMap volume's `..data` symlink swap are all seen. A
-//! change is loaded off the async workers; a broken file keeps the last good snapshot and is
-//! logged once per distinct content.
+//! `--objects-dir` is fingerprinted by a hash of every file `Snapshot::load_dir` would read, so
+//! edits, new files, deletions and a ConfigMap volume's `..data` symlink swap are all seen.
 
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use arc_swap::ArcSwap;
-
-use super::metrics::Metrics;
-use super::readiness::Readiness;
+use super::metrics::{Metrics, Reloaded};
 use crate::objects::dir::object_files;
 use crate::objects::{LoadError, Snapshot, SnapshotReader};
+use crate::shell::{Gate, Live, Readiness, Reload};
+use crate::tls::{LoadedPair, PairBytes, TlsError, TlsFiles};
 
-/// A [`Snapshot`] that can be replaced while requests read it. Reads are lock-free.
-#[derive(Debug, Default)]
-pub struct LiveSnapshot {
-    current: ArcSwap<Snapshot>,
-}
+/// The [`Snapshot`] `serve` reads, replaced while requests read it.
+pub type LiveSnapshot = Live<Snapshot>;
 
-impl LiveSnapshot {
-    /// Starts with `snapshot`.
-    pub fn new(snapshot: Snapshot) -> Self {
-        Self {
-            current: ArcSwap::from_pointee(snapshot),
-        }
-    }
-
-    /// Replaces the snapshot.
-    pub fn store(&self, snapshot: Snapshot) {
-        self.current.store(Arc::new(snapshot));
-    }
-
-    /// The current snapshot.
-    pub fn load(&self) -> Arc<Snapshot> {
-        self.current.load_full()
-    }
-}
-
-impl SnapshotReader for LiveSnapshot {
+impl SnapshotReader for Live<Snapshot> {
     fn with_snapshot<R>(&self, read: impl FnOnce(&Snapshot) -> R) -> R {
-        read(&self.current.load())
+        self.with(read)
     }
 }
 
-/// Keeps a [`LiveSnapshot`] in step with a directory.
+/// The serving certificate's files.
 #[derive(Debug)]
-pub struct DirReloader {
-    dir: PathBuf,
-    objects: Arc<LiveSnapshot>,
-    readiness: Readiness,
-    metrics: Arc<Metrics>,
-    /// Fingerprint of the content last loaded or last found broken.
-    seen: Option<u64>,
+pub struct CertFiles {
+    /// The files.
+    pub files: TlsFiles,
+    /// Counts `tls_reloads`.
+    pub metrics: Arc<Metrics>,
 }
 
-impl DirReloader {
-    /// A reloader of `dir` into `objects`; sets `readiness` after the first successful load.
-    pub fn new(
-        dir: PathBuf,
-        objects: Arc<LiveSnapshot>,
-        readiness: Readiness,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
-            dir,
-            objects,
-            readiness,
-            metrics,
-            seen: None,
+impl Reload for CertFiles {
+    type Value = LoadedPair;
+    type Content = PairBytes;
+    type Error = TlsError;
+
+    fn read(&self) -> Result<(u64, PairBytes), TlsError> {
+        let pair = PairBytes::read(&self.files)?;
+        Ok((pair.fingerprint(), pair))
+    }
+
+    fn parse(&self, content: PairBytes) -> Result<LoadedPair, TlsError> {
+        content.parse(&self.files)
+    }
+
+    fn reloaded(&self, _: &LoadedPair) {
+        tracing::info!(cert = %self.files.cert.display(), "serving the new TLS certificate");
+        self.metrics.reload(Reloaded::Tls, "reloaded");
+    }
+
+    fn failed(&self, error: Option<TlsError>) {
+        match error {
+            Some(error) => tracing::error!(
+                %error,
+                "TLS certificate files changed but cannot be used; still serving the previous certificate"
+            ),
+            None => tracing::error!(
+                "reading the TLS certificate files panicked; still serving the previous certificate"
+            ),
         }
+        self.metrics.reload(Reloaded::Tls, "failed");
+    }
+}
+
+/// `--objects-dir`: loading it passes `gate` of `readiness`.
+#[derive(Debug)]
+pub struct ObjectsDir {
+    /// The directory.
+    pub dir: PathBuf,
+    /// Counts `objects_reloads`.
+    pub metrics: Arc<Metrics>,
+    /// Passed at the first good load.
+    pub readiness: Readiness,
+    /// The gate passed.
+    pub gate: Gate,
+}
+
+impl Reload for ObjectsDir {
+    type Value = Snapshot;
+    type Content = ();
+    type Error = LoadError;
+
+    /// A hash of the paths and content of the files `Snapshot::load_dir` reads (the same rules:
+    /// hidden entries skipped, `*.yaml`, `*.yml`, `*.json`, symlinks followed); `load_dir`
+    /// reads them again if they changed.
+    fn read(&self) -> Result<(u64, ()), LoadError> {
+        let mut hasher = DefaultHasher::new();
+        for path in object_files(&self.dir)? {
+            let content = std::fs::read(&path).map_err(|source| LoadError::Read {
+                path: path.clone(),
+                source,
+            })?;
+            path.hash(&mut hasher);
+            content.hash(&mut hasher);
+        }
+        Ok((hasher.finish(), ()))
     }
 
-    /// Loads the directory if its content changed since the last check; logs the result.
-    pub async fn check(&mut self) {
-        let dir = self.dir.clone();
-        let seen = self.seen;
-        let loaded = tokio::task::spawn_blocking(move || load_if_changed(&dir, seen)).await;
-        match loaded {
-            Ok(Change::None) => {}
-            Ok(Change::Loaded(fingerprint, snapshot)) => {
-                tracing::info!(dir = %self.dir.display(), objects = snapshot.len(), "loaded --objects-dir");
-                self.objects.store(snapshot);
-                self.seen = Some(fingerprint);
-                self.readiness.set_objects_loaded();
-                self.metrics.objects_reload("reloaded");
-            }
-            Ok(Change::Broken(fingerprint, e)) => {
-                self.seen = Some(fingerprint);
-                self.metrics.objects_reload("failed");
-                tracing::error!(error = %e, "--objects-dir cannot be loaded; keeping the last good objects");
-            }
-            Err(e) => {
-                self.metrics.objects_reload("failed");
-                tracing::error!(error = %e, "loading --objects-dir panicked; keeping the last good objects");
+    fn parse(&self, (): ()) -> Result<Snapshot, LoadError> {
+        Snapshot::load_dir(&self.dir)
+    }
+
+    fn reloaded(&self, snapshot: &Snapshot) {
+        tracing::info!(dir = %self.dir.display(), objects = snapshot.len(), "loaded --objects-dir");
+        self.readiness.pass(self.gate);
+        self.metrics.reload(Reloaded::ObjectsDir, "reloaded");
+    }
+
+    fn failed(&self, error: Option<LoadError>) {
+        match error {
+            Some(error) => tracing::error!(
+                %error,
+                "--objects-dir cannot be loaded; keeping the last good objects"
+            ),
+            None => {
+                tracing::error!("loading --objects-dir panicked; keeping the last good objects")
             }
         }
+        self.metrics.reload(Reloaded::ObjectsDir, "failed");
     }
-}
-
-enum Change {
-    None,
-    Loaded(u64, Snapshot),
-    Broken(u64, LoadError),
-}
-
-fn load_if_changed(dir: &Path, seen: Option<u64>) -> Change {
-    let fingerprint = match fingerprint(dir) {
-        Ok(f) => f,
-        // Unreadable directory: report it once (fingerprint 0) through the loader's own error.
-        Err(_) if seen == Some(0) => return Change::None,
-        Err(e) => return Change::Broken(0, e),
-    };
-    if seen == Some(fingerprint) {
-        return Change::None;
-    }
-    match Snapshot::load_dir(dir) {
-        Ok(snapshot) => Change::Loaded(fingerprint, snapshot),
-        Err(e) => Change::Broken(fingerprint, e),
-    }
-}
-
-/// A hash of the paths and content of the files `Snapshot::load_dir` reads (the same rules:
-/// hidden entries skipped, `*.yaml`, `*.yml`, `*.json`, symlinks followed).
-fn fingerprint(dir: &Path) -> Result<u64, LoadError> {
-    let mut hasher = DefaultHasher::new();
-    for path in object_files(dir)? {
-        let content = std::fs::read(&path).map_err(|source| LoadError::Read {
-            path: path.clone(),
-            source,
-        })?;
-        path.hash(&mut hasher);
-        content.hash(&mut hasher);
-    }
-    Ok(hasher.finish())
 }

@@ -21,15 +21,16 @@ use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::post;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use tokio::sync::Semaphore;
 
 use super::metrics::{Metrics, Outcome};
-use super::readiness::Readiness;
 use crate::admission::{self, BadReview, Reviewed, Route};
 use crate::objects::ObjectSource;
+use crate::shell::Readiness;
+use crate::shell::probes::probe_routes;
 
 /// Largest accepted request body: 7 MiB, the limit controller-runtime uses.
 pub const MAX_BODY_BYTES: usize = 7 * 1024 * 1024;
@@ -95,9 +96,8 @@ impl<S> std::fmt::Debug for AppState<S> {
 
 /// The HTTPS router: one POST route per [`Route`], `GET /healthz`, `GET /readyz`.
 pub fn router<S: ObjectSource + 'static>(state: Arc<AppState<S>>) -> Router {
-    let mut router = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz::<S>));
+    let probes = probe_routes(state.readiness.clone(), Some(state.metrics.ready()));
+    let mut router = Router::new();
     for route in Route::ALL {
         router = router.route(
             route.path(),
@@ -108,16 +108,7 @@ pub fn router<S: ObjectSource + 'static>(state: Arc<AppState<S>>) -> Router {
             ),
         );
     }
-    router.with_state(state)
-}
-
-async fn readyz<S: ObjectSource + 'static>(State(state): State<Arc<AppState<S>>>) -> Response {
-    let status = state.readiness.check();
-    state.metrics.set_ready(status.is_ok());
-    match status {
-        Ok(()) => "ok".into_response(),
-        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, reason).into_response(),
-    }
+    router.with_state(state).merge(probes)
 }
 
 /// What a handler produced, before it is recorded and sent.
