@@ -1,6 +1,8 @@
-//! JobSet mode's settings: the opt-in label and the annotations, read and checked, with their
-//! defaults, and which mode a JobSet is in. The lowest layer of the mode: it knows the
-//! implementation table and nothing of plans, patches or rules.
+//! JobSet mode's settings: the opt-in label and the annotations, read and checked in one pass
+//! ([`Read`]) into one typed [`Settings`], with their defaults; which mode a JobSet is in; and
+//! the rules on the label and annotations as written (fixed on UPDATE, none on a JobSet a
+//! TrainJob controls). The only reader of the label and the annotations, and the lowest layer
+//! of the mode: it knows the implementation table and nothing of plans, patches or rules.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -100,7 +102,7 @@ pub fn mode(metadata: &ObjectMeta) -> Mode<'_> {
     }
 }
 
-pub(in crate::mpi) fn label(metadata: &ObjectMeta) -> Option<&str> {
+fn label(metadata: &ObjectMeta) -> Option<&str> {
     metadata
         .labels
         .as_ref()?
@@ -108,11 +110,11 @@ pub(in crate::mpi) fn label(metadata: &ObjectMeta) -> Option<&str> {
         .map(String::as_str)
 }
 
-pub(in crate::mpi) fn annotation<'m>(metadata: &'m ObjectMeta, key: &str) -> Option<&'m str> {
+fn annotation<'m>(metadata: &'m ObjectMeta, key: &str) -> Option<&'m str> {
     metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
-pub(in crate::mpi) fn label_field(key: &str) -> String {
+fn label_field(key: &str) -> String {
     format!("metadata.labels[{key}]")
 }
 
