@@ -176,7 +176,7 @@ impl Settings {
 
 /// The label and annotations of a JobSet, read in one pass: every setting, each at its default
 /// where its value is absent or does not parse, and one field error per value that does not
-/// parse, in the order of [`SETTING_ANNOTATIONS`] after the label's. The rules check the JobSet
+/// parse (the label's first, then the annotations' in the order they are read below). The rules check the JobSet
 /// against these settings whether or not they all parse; a plan is made only of settings that
 /// do ([`Read::into_result`]).
 #[derive(Debug, Clone)]
@@ -553,5 +553,91 @@ mod tests {
                 "metadata.annotations[mpi-webhook.io/run-launcher-as-node]"
             ]
         );
+    }
+
+    #[test]
+    fn one_pass_reports_each_bad_value_once_in_the_contracts_order_with_defaults_standing_in() {
+        let read = Read::new(
+            &metadata(json!({
+                "labels": {IMPLEMENTATION_LABEL: "LAM"},
+                "annotations": {
+                    SLOTS_PER_NODE_ANNOTATION: "0", SSH_AUTH_MOUNT_PATH_ANNOTATION: "ssh",
+                    RUN_LAUNCHER_AS_NODE_ANNOTATION: "yes", CONTAINER_ANNOTATION: "mpi",
+                    NETWORK_POLICY_ANNOTATION: "on", SSH_SETUP_ANNOTATION: "sshd",
+                    SSH_PORT_ANNOTATION: "0", PREFLIGHT_ANNOTATION: "no",
+                    WORKER_GROUPS_ANNOTATION: ",", SLOTS_PER_GROUP_ANNOTATION: "a"
+                }
+            })),
+            |_| SshSetup::Generated,
+        );
+        let fields: Vec<&str> = read.errors.iter().map(|e| e.field.as_str()).collect();
+        let mut expected = vec![label_field(IMPLEMENTATION_LABEL)];
+        expected.extend(
+            [
+                SLOTS_PER_NODE_ANNOTATION,
+                SSH_AUTH_MOUNT_PATH_ANNOTATION,
+                RUN_LAUNCHER_AS_NODE_ANNOTATION,
+                NETWORK_POLICY_ANNOTATION,
+                SSH_SETUP_ANNOTATION,
+                SSH_PORT_ANNOTATION,
+                PREFLIGHT_ANNOTATION,
+                WORKER_GROUPS_ANNOTATION,
+                SLOTS_PER_GROUP_ANNOTATION,
+            ]
+            .map(annotation_field),
+        );
+        assert_eq!(fields, expected);
+        assert!(read.bad(SSH_SETUP_ANNOTATION) && !read.bad(CONTAINER_ANNOTATION));
+        let settings = &read.settings;
+        assert_eq!(
+            (
+                settings.run_launcher_as_node,
+                settings.preflight,
+                settings.network_policy,
+                settings.ssh_port,
+                settings.worker_groups.as_slice(),
+                settings.container.as_deref(),
+            ),
+            (
+                false,
+                true,
+                None,
+                2222,
+                &["node".to_string()][..],
+                Some("mpi")
+            )
+        );
+        assert_eq!(
+            read.errors[3].to_string(),
+            "metadata.annotations[mpi-webhook.io/run-launcher-as-node]: Unsupported value: \"yes\": supported values: \"true\", \"false\""
+        );
+        assert!(read.into_result().is_err());
+    }
+
+    #[test]
+    fn an_unset_ssh_setup_is_asked_of_the_caller_with_the_wired_container() {
+        let read = Read::new(
+            &metadata(json!({
+                "labels": {IMPLEMENTATION_LABEL: "MPICH"},
+                "annotations": {CONTAINER_ANNOTATION: "mpi"}
+            })),
+            |container| {
+                assert_eq!(container, Some("mpi"));
+                SshSetup::Image
+            },
+        );
+        let settings = read.into_result().expect("parses");
+        assert_eq!(
+            (settings.ssh_setup, settings.ssh_port),
+            (SshSetup::Image, 22)
+        );
+        let set = Read::new(
+            &metadata(json!({
+                "labels": {IMPLEMENTATION_LABEL: "MPICH"},
+                "annotations": {SSH_SETUP_ANNOTATION: "generated"}
+            })),
+            |_| panic!("not asked when the annotation is set"),
+        );
+        assert_eq!(set.settings.ssh_setup, SshSetup::Generated);
     }
 }
