@@ -264,8 +264,12 @@ impl Read {
 
     /// Whether the value of annotation `key` did not parse (its error is in `errors`).
     pub fn bad(&self, key: &str) -> bool {
-        let field = annotation_field(key);
-        self.errors.iter().any(|e| e.field == field)
+        self.errors.iter().any(|e| {
+            e.field
+                .strip_prefix("metadata.annotations[")
+                .and_then(|rest| rest.strip_suffix(']'))
+                == Some(key)
+        })
     }
 
     /// The settings when every value parses.
