@@ -6,6 +6,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use crate::mpi::{objects_for, plan};
+
 /// Kubeflow Trainer's MPI plugin as a Kubernetes admission webhook and reconciler.
 #[derive(Debug, Parser)]
 #[command(name = "mpi-webhook", version, about, propagate_version = true)]
@@ -66,10 +68,46 @@ pub struct ServeArgs {
         value_parser = humantime::parse_duration
     )]
     pub shutdown_delay: std::time::Duration,
+    /// What the policy is configured with.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+/// The flags of the webhook's policy (`serve`, `review`), which become its [`plan::Options`]:
+/// a new one is a field here and one line of the `From` below.
+#[derive(Debug, Clone, Args)]
+pub struct PolicyArgs {
     /// Image of the launcher pre-flight init container JobSet mode adds (`mpi-webhook
     /// preflight`); empty: no pre-flight. The shipped Deployment passes its own image.
     #[arg(long, env = "MPI_WEBHOOK_PREFLIGHT_IMAGE", default_value = "")]
     pub preflight_image: String,
+}
+
+impl From<&PolicyArgs> for plan::Options {
+    fn from(args: &PolicyArgs) -> Self {
+        plan::Options {
+            preflight_image: args.preflight_image.clone(),
+        }
+    }
+}
+
+/// The flags of the reconciler's objects (`reconcile`, `render`), which become its
+/// [`objects_for::Options`]: a new one is a field here and one line of the `From` below.
+#[derive(Debug, Clone, Args)]
+pub struct ObjectArgs {
+    /// Create the NetworkPolicy `<name>-mpi` (ingress only from the job's own pods) for every MPI
+    /// TrainJob, and for JobSet-mode JobSets without the `mpi-webhook.io/network-policy`
+    /// annotation.
+    #[arg(long, env = "MPI_WEBHOOK_NETWORK_POLICY_DEFAULT")]
+    pub network_policy_default: bool,
+}
+
+impl From<&ObjectArgs> for objects_for::Options {
+    fn from(args: &ObjectArgs) -> Self {
+        objects_for::Options {
+            network_policy_default: args.network_policy_default,
+        }
+    }
 }
 
 /// `reconcile` flags.
@@ -98,15 +136,16 @@ pub struct ReconcileArgs {
     /// Identity of this replica in the Lease (default: the host name).
     #[arg(long, env = "MPI_WEBHOOK_LEASE_HOLDER")]
     pub lease_holder: Option<String>,
-    /// Create the NetworkPolicy `<name>-mpi` (ingress only from the job's own pods) for every MPI
-    /// TrainJob, and for JobSet-mode JobSets without the `mpi-webhook.io/network-policy`
-    /// annotation.
-    #[arg(long, env = "MPI_WEBHOOK_NETWORK_POLICY_DEFAULT")]
-    pub network_policy_default: bool,
+    /// What the objects are configured with.
+    #[command(flatten)]
+    pub objects: ObjectArgs,
 }
 
 /// `review` arguments.
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("preflight_image", |arg| arg.help(
+    "Image of the launcher pre-flight init container JobSet mode adds, as `serve` takes it; empty: no pre-flight",
+)))]
 pub struct ReviewArgs {
     /// Which webhook to act as.
     #[arg(value_enum)]
@@ -117,10 +156,9 @@ pub struct ReviewArgs {
     /// TrainJob-mode review needs it (the TrainJob and its runtime); a JobSet-mode review does not.
     #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
     pub objects_dir: Option<PathBuf>,
-    /// Image of the launcher pre-flight init container JobSet mode adds, as `serve` takes it;
-    /// empty: no pre-flight.
-    #[arg(long, env = "MPI_WEBHOOK_PREFLIGHT_IMAGE", default_value = "")]
-    pub preflight_image: String,
+    /// What the policy is configured with, as `serve` takes it.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
 }
 
 /// `review validate` or `review mutate`.
@@ -134,14 +172,17 @@ pub enum ReviewVerb {
 
 /// `render` flags.
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("network_policy_default", |arg| arg.help(
+    "Render the NetworkPolicy as `reconcile --network-policy-default` would create it",
+)))]
 pub struct RenderArgs {
     /// Directory of TrainJob / TrainingRuntime / ClusterTrainingRuntime and JobSet-mode JobSet
     /// YAML or JSON files.
     #[arg(long, env = "MPI_WEBHOOK_OBJECTS_DIR")]
     pub objects_dir: PathBuf,
-    /// Render the NetworkPolicy as `reconcile --network-policy-default` would create it.
-    #[arg(long, env = "MPI_WEBHOOK_NETWORK_POLICY_DEFAULT")]
-    pub network_policy_default: bool,
+    /// What the objects are configured with, as `reconcile` takes it.
+    #[command(flatten)]
+    pub objects: ObjectArgs,
 }
 
 /// `certs` flags.

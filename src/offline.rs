@@ -103,9 +103,7 @@ pub async fn review(args: &ReviewArgs) -> Result<String, OfflineError> {
     let route = admission::route_for(verb, &value).map_err(bad)?;
     // The same bytes and the same read as `serve`: YAML becomes the JSON it stands for.
     let body = serde_json::to_vec(&value)?;
-    let options = admission::Options {
-        preflight_image: args.preflight_image.clone(),
-    };
+    let options = admission::Options::from(&args.policy);
     let reviewed = admission::review_with(route, &body, &snapshot, &options)
         .await
         .map_err(bad)?;
@@ -120,7 +118,7 @@ pub fn render_dir(args: &RenderArgs) -> Result<Rendered, OfflineError> {
     let snapshot = Snapshot::load_dir(&args.objects_dir)?;
     Ok(render(
         &snapshot,
-        args.network_policy_default,
+        &(&args.objects).into(),
         generate_key_pair,
     )?)
 }

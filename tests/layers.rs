@@ -8,6 +8,10 @@
 //! dependency: re-exporting is how a layer shows its face. A path resolves to the deepest
 //! module it names, so `crate::mpi::plan::MpiPlan` is `mpi::plan` and `crate::mpi::Owner` is
 //! `mpi`.
+//!
+//! Folders are layers too: seen from their parent, a folder (`mpi/jobset_mode/`) and a file
+//! beside it (`mpi/plan.rs`), or two folders (`mpi/`, `objects/`), never depend on each other
+//! both ways, through any of the modules inside them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -200,6 +204,67 @@ fn cycles(graph: &BTreeMap<String, BTreeMap<String, String>>) -> Vec<Vec<String>
     components.into_iter().collect()
 }
 
+/// The graph of `graph`'s modules seen from their folders: for every folder, its entries (the
+/// files and folders in it) with an edge from one to another when a module in or under the
+/// first depends on a module in or under the second. A folder's own `mod.rs` is no entry of it.
+fn folder_graph(
+    graph: &BTreeMap<String, BTreeMap<String, String>>,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut folders: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    for (from, edges) in graph {
+        let from_path: Vec<&str> = from.split("::").collect();
+        for (to, line) in edges {
+            let to_path: Vec<&str> = to.split("::").collect();
+            let common = from_path
+                .iter()
+                .zip(&to_path)
+                .take_while(|(a, b)| a == b)
+                .count();
+            // The entries of the deepest folder holding both, when neither is that folder.
+            let (Some(a), Some(b)) = (from_path.get(common), to_path.get(common)) else {
+                continue;
+            };
+            let entry = |name: &str| {
+                from_path[..common]
+                    .iter()
+                    .chain([&name])
+                    .copied()
+                    .collect::<Vec<_>>()
+                    .join("::")
+            };
+            folders
+                .entry(entry(a))
+                .or_default()
+                .entry(entry(b))
+                .or_insert_with(|| format!("{from} -> {to}: {line}"));
+            folders.entry(entry(b)).or_default();
+        }
+    }
+    folders
+}
+
+#[test]
+fn no_folder_depends_on_a_file_or_folder_that_depends_on_it() {
+    let graph = dependencies(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let folders = folder_graph(&graph);
+    let report: Vec<String> = cycles(&folders)
+        .into_iter()
+        .map(|cycle| {
+            let why: Vec<String> = cycle
+                .iter()
+                .flat_map(|a| {
+                    folders[a]
+                        .iter()
+                        .filter(|(b, _)| cycle.contains(b))
+                        .map(|(_, line)| format!("  {line}"))
+                })
+                .collect();
+            format!("{}\n{}", cycle.join(", "), why.join("\n"))
+        })
+        .collect();
+    assert!(report.is_empty(), "folder cycles:\n{}", report.join("\n"));
+}
+
 #[test]
 fn no_module_depends_on_a_module_that_depends_on_it() {
     let graph = dependencies(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
@@ -258,6 +323,28 @@ fn a_cycle_through_crate_super_or_a_child_name_is_found() {
             ("p/c.rs", "pub fn g() { let _ = super::K; }\n"),
         ]),
         [vec!["p".to_string(), "p::c".to_string()]]
+    );
+}
+
+#[test]
+fn a_cycle_between_folders_is_found_though_no_module_cycle_is() {
+    let files = [
+        ("lib.rs", "pub mod a;\npub mod b;\n"),
+        ("a/mod.rs", "pub mod low;\npub mod high;\n"),
+        ("a/low.rs", "pub struct Low;\n"),
+        ("a/high.rs", "use crate::b::B;\n"),
+        ("b/mod.rs", "use crate::a::low::Low;\npub struct B;\n"),
+    ];
+    assert!(cycles_of(&files).is_empty());
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (path, text) in files {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+        std::fs::write(path, text).expect("write");
+    }
+    assert_eq!(
+        cycles(&folder_graph(&dependencies(dir.path()))),
+        [vec!["a".to_string(), "b".to_string()]]
     );
 }
 

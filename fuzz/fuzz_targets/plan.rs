@@ -178,7 +178,7 @@ fuzz_target!(|c: Counts| {
         "spec": spec,
     });
     if let Ok(jobset) = serde_json::from_value::<JobSet>(jobset)
-        && let Ok(plan) = MpiPlan::for_jobset(&jobset)
+        && let Ok(plan) = MpiPlan::for_jobset(&jobset, &Default::default())
     {
         check_hostfile(&plan);
     }

@@ -280,14 +280,9 @@ const REVIEW_API_VERSION: &str = "admission.k8s.io/v1";
 /// `kind` of the reviews read and written.
 const REVIEW_KIND: &str = "AdmissionReview";
 
-/// What the policy is configured with besides the objects it looks up: plain data from the
-/// command line of `serve` and `review`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Options {
-    /// `--preflight-image`: the image of JobSet mode's launcher pre-flight init container;
-    /// empty, no pre-flight.
-    pub preflight_image: String,
-}
+/// What the policy is configured with besides the objects it looks up: the plan's options,
+/// plain data from the command line of `serve` and `review`.
+pub use crate::mpi::plan::Options;
 
 pub use read::{Request, request as read, request_then as read_then};
 
@@ -349,7 +344,7 @@ async fn policy<S: ObjectSource>(
         Route::ValidateClusterTrainingRuntime => {
             validate::runtime(req, object, crate::api::RuntimeKind::ClusterTrainingRuntime)
         }
-        Route::ValidateJobSet => validate::jobset(req, object),
+        Route::ValidateJobSet => validate::jobset(req, object, options),
         Route::MutateJobSet if req.request.operation == Operation::Create => {
             mutate::jobset(req, object, objects, options).await
         }

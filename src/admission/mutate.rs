@@ -12,9 +12,10 @@ use crate::field_error::aggregate;
 use crate::mpi::enforce::enforce_mpi_policy;
 use crate::mpi::hostfile::host_name_warning;
 use crate::mpi::jobset_mode::{self, Mode};
-use crate::mpi::objects_for::{Problem, Unresolved, runtime_of};
+use crate::mpi::jobset_rules;
+use crate::mpi::objects_for::Problem;
 use crate::mpi::plan::MpiPlan;
-use crate::objects::ObjectSource;
+use crate::objects::{ObjectSource, Unresolved, runtime_of};
 use crate::raw_json::RawJson;
 
 use super::read::{self, Request};
@@ -79,16 +80,16 @@ fn jobset_mode_plan(
     let Spec { spec } =
         read::object(object).map_err(|e| Verdict::deny(format!("JobSet cannot be read: {e}")))?;
     let jobset = JobSet { metadata, spec };
-    let mut checked = jobset_mode::check(&jobset, &RawJson::from(object));
+    let mut checked = jobset_rules::check(&jobset, &RawJson::from(object), options);
     // Mutation is CREATE only: the validating route's CREATE rule.
-    let host_names = checked.plan.as_ref().and_then(jobset_mode::host_name_error);
+    let host_names = checked
+        .plan
+        .as_ref()
+        .and_then(jobset_rules::host_name_error);
     checked.errors.extend(host_names);
     match (aggregate(&checked.errors), checked.plan) {
         (Some(message), _) => Err(Verdict::deny(message)),
-        (None, Some(mut plan)) => {
-            plan.set_preflight_image(&options.preflight_image);
-            Ok(plan)
-        }
+        (None, Some(plan)) => Ok(plan),
         // Settings that parse always give a plan; were there none, nothing could be wired.
         (None, None) => Err(Verdict::Internal(InternalError::NoPlan)),
     }

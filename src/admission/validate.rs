@@ -10,10 +10,11 @@ use crate::api::{JobSet, RuntimeKind, TRAINER_GROUP, TrainJob, TrainingRuntime};
 use crate::field_error::{BadValue, FieldError, aggregate};
 use crate::mpi::hostfile::host_name_warning;
 use crate::mpi::jobset_mode::{self, Mode};
-use crate::mpi::objects_for::{Problem, Resolved, Unresolved, runtime_of};
-use crate::mpi::plan::MpiPlan;
+use crate::mpi::jobset_rules;
+use crate::mpi::objects_for::{Problem, Resolved};
+use crate::mpi::plan::{MpiPlan, Options};
 use crate::mpi::validate::{trainer_support_warning, validate_runtime, validate_train_job};
-use crate::objects::ObjectSource;
+use crate::objects::{ObjectSource, Unresolved, runtime_of};
 use crate::raw_json::RawJson;
 
 use super::read::{self, Request};
@@ -131,7 +132,7 @@ struct OldMetadata {
 
 /// `/validate-jobset-x-k8s-io-v1alpha2-jobset`: JobSet mode's rules on CREATE and UPDATE, the
 /// label and annotations fixed after creation, and no label on a JobSet a TrainJob owns.
-pub(super) fn jobset(req: &Request, object: &Value) -> Verdict {
+pub(super) fn jobset(req: &Request, object: &Value, options: &Options) -> Verdict {
     let jobset = match read_jobset(object) {
         Ok(jobset) => jobset,
         Err(verdict) => return verdict,
@@ -153,10 +154,15 @@ pub(super) fn jobset(req: &Request, object: &Value) -> Verdict {
     match jobset_mode::mode(&jobset.metadata) {
         Mode::TrainJob(_) => errors.extend(jobset_mode::label_on_train_job_error(&jobset.metadata)),
         Mode::JobSet => {
-            let checked = jobset_mode::check(&jobset, &RawJson::from(object));
+            let checked = jobset_rules::check(&jobset, &RawJson::from(object), options);
             errors.extend(checked.errors);
             if req.request.operation == Operation::Create {
-                errors.extend(checked.plan.as_ref().and_then(jobset_mode::host_name_error));
+                errors.extend(
+                    checked
+                        .plan
+                        .as_ref()
+                        .and_then(jobset_rules::host_name_error),
+                );
             }
             warnings = checked.warnings;
         }

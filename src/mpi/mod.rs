@@ -1,27 +1,32 @@
 //! The MPI policy: Kubeflow Trainer's MPI plugin (`pkg/runtime/framework/plugins/mpi/mpi.go`) as
-//! pure functions over plain data, cut into the steps it performs.
+//! pure functions over plain data, cut into the steps it performs, lowest layer first.
 //!
-//! - [`plan`]: resolve the effective policy of a TrainJob on its runtime (node count, slots, pod
-//!   sets, implementation). The webhook's patch and the reconciler's hostfile both start here, so
+//! - [`implementation`]: Open MPI, Intel MPI and MPICH as one table of data (Decision 5).
+//! - [`jobset_mode`]: JobSet mode's label and annotations, read once into its settings.
+//! - [`plan`]: resolve the effective policy of a TrainJob on its runtime, or of a JobSet-mode
+//!   JobSet on its settings (node count, slots, pod sets, implementation), complete with its
+//!   [`plan::Options`]. The webhook's patch and the reconciler's hostfile both start here, so
 //!   they always agree.
-//! - [`validate`]: TrainJob and runtime admission rules (spec section B and the Decisions).
-//! - [`enforce`]: the JobSet mutation as RFC 6902 operations on the raw JobSet (section C).
 //! - [`hostfile`]: endpoints and the hostfile ConfigMap (section D.2, D.3).
+//! - [`validate`]: TrainJob and runtime admission rules (spec section B and the Decisions).
+//! - [`jobset_rules`]: JobSet mode's admission rules.
+//! - [`enforce`]: the JobSet mutation as RFC 6902 operations on the raw JobSet (section C).
 //! - [`ssh_secret`]: the SSH key pair (the only randomness) and the Secret (section D.1).
 //! - [`network_policy`]: the per-job NetworkPolicy that admits only the job's own pods.
-//! - [`objects_for`]: which TrainJobs and JobSets get the Secret and ConfigMap, and the ConfigMap
-//!   (shared by the reconciler and `render`).
-//! - [`implementation`]: Open MPI, Intel MPI and MPICH as one table of data (Decision 5).
+//! - [`objects_for`]: the objects an owner needs ([`objects_for::desired`], shared by the
+//!   reconciler and `render`), from a runtime already looked up.
 //! - [`failed_run`]: a launcher Pod's failed pre-flight or launcher run, and the Event that
 //!   says so on the job's owner.
 //!
-//! Nothing here performs I/O or reads a clock.
+//! Nothing here performs I/O or reads a clock: the lookups of runtimes and TrainJobs are
+//! [`crate::objects`]'s, above this layer.
 
 pub mod enforce;
 pub mod failed_run;
 pub mod hostfile;
 pub mod implementation;
 pub mod jobset_mode;
+pub mod jobset_rules;
 pub mod network_policy;
 pub mod objects_for;
 pub mod plan;

@@ -1,7 +1,9 @@
 //! Which owners get the MPI objects (the SSH Secret, the hostfile ConfigMap and, when it is on,
-//! the NetworkPolicy), and the ConfigMap they get: a TrainJob whose runtime has an MPI policy, a JobSet in JobSet mode. The
-//! reconciler and `render` both decide here, so they agree on which owners get objects and on
-//! every count and name.
+//! the NetworkPolicy), and the objects they get: a TrainJob whose runtime has an MPI policy, a
+//! JobSet in JobSet mode. [`desired`] is the one answer: the reconciler and `render` both ask
+//! it, so they agree on which owners get objects and on every count and name. Pure: the
+//! runtime is looked up before (`crate::objects::runtime_of`), and only the Secret's key pair,
+//! the one randomness, is left to the caller.
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -10,12 +12,11 @@ use std::sync::Arc;
 
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::field_error::{FieldError, aggregate};
-use crate::objects::{LookupError, ObjectSource};
 
 use super::hostfile::{HostfileTooLarge, hostfile_configmap};
-use super::jobset_mode::{self, Mode};
+use super::jobset_mode::{self, Mode, settings};
 use super::network_policy::network_policy;
-use super::plan::{MpiPlan, PlanError};
+use super::plan::{self, MpiPlan, PlanError};
 
 /// Why no objects can be built for a TrainJob. The display texts are what `render` reports and
 /// what the reconciler's failure Events say.
@@ -63,39 +64,6 @@ pub struct Resolved {
     pub runtime: Arc<TrainingRuntime>,
 }
 
-/// Why a TrainJob's runtime is not at hand.
-#[derive(Debug, thiserror::Error)]
-pub enum Unresolved {
-    /// `spec.runtimeRef` names neither runtime kind, or the runtime does not exist.
-    #[error(transparent)]
-    Problem(#[from] Problem),
-    /// The lookup itself failed.
-    #[error(transparent)]
-    Lookup(#[from] LookupError),
-}
-
-/// The runtime `train_job` refers to, looked up in `objects` in `namespace` (ignored for a
-/// ClusterTrainingRuntime).
-///
-/// # Errors
-/// [`Unresolved`]: [`Problem::UnsupportedRuntime`], [`Problem::RuntimeNotFound`], or the
-/// lookup's error.
-pub async fn runtime_of<S: ObjectSource>(
-    objects: &S,
-    train_job: &TrainJob,
-    namespace: &str,
-) -> Result<Resolved, Unresolved> {
-    let (kind, name) = runtime_ref(train_job)?;
-    match objects.runtime(kind, namespace, name).await? {
-        Some(runtime) => Ok(Resolved { kind, runtime }),
-        None => Err(Problem::RuntimeNotFound {
-            kind,
-            name: name.to_owned(),
-        }
-        .into()),
-    }
-}
-
 /// The runtime a TrainJob refers to: its kind and name.
 ///
 /// # Errors
@@ -106,6 +74,24 @@ pub fn runtime_ref(train_job: &TrainJob) -> Result<(RuntimeKind, &str), Problem>
 }
 
 impl Resolved {
+    /// The runtime of `kind` named `name` that a lookup `found`.
+    ///
+    /// # Errors
+    /// [`Problem::RuntimeNotFound`] when it found none.
+    pub fn found(
+        kind: RuntimeKind,
+        name: &str,
+        found: Option<Arc<TrainingRuntime>>,
+    ) -> Result<Self, Problem> {
+        match found {
+            Some(runtime) => Ok(Resolved { kind, runtime }),
+            None => Err(Problem::RuntimeNotFound {
+                kind,
+                name: name.to_owned(),
+            }),
+        }
+    }
+
     /// The plan of `train_job` on this runtime, `None` when the runtime has no MPI policy.
     ///
     /// # Errors
@@ -119,55 +105,69 @@ impl Resolved {
     }
 }
 
-/// The hostfile ConfigMap of `train_job` on its runtime ([`runtime_of`]), or `None` when the
-/// runtime has no MPI policy.
-///
-/// # Errors
-/// [`Problem`] when its implementation is unsupported or the hostfile would not fit.
-pub fn hostfile_for(
-    train_job: &TrainJob,
-    runtime: &Resolved,
-) -> Result<Option<ConfigMap>, Problem> {
-    let Some(plan) = runtime.plan(train_job)? else {
-        return Ok(None);
-    };
-    Ok(Some(hostfile_configmap(train_job, &plan)?))
+/// What the reconciler's objects are configured with: plain data from the command line of
+/// `reconcile` and `render` (`crate::cli::ObjectArgs`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `--network-policy-default`: the NetworkPolicy of every MPI TrainJob (a TrainJob has no
+    /// place of ours for an annotation), and of every JobSet-mode JobSet without
+    /// `mpi-webhook.io/network-policy`.
+    pub network_policy_default: bool,
 }
 
-/// The hostfile ConfigMap of a JobSet-mode JobSet, owned by the JobSet, or `None` for a JobSet
-/// not in JobSet mode (no label, or a TrainJob controls it).
+/// An owner of MPI objects, with what its objects are made from.
+#[derive(Debug, Clone, Copy)]
+pub enum Owned<'o> {
+    /// A TrainJob, on its runtime.
+    TrainJob(&'o TrainJob, &'o Resolved),
+    /// A JobSet (in JobSet mode or not).
+    JobSet(&'o JobSet),
+}
+
+/// The objects one owner needs besides its Secret.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Desired {
+    /// The hostfile ConfigMap.
+    pub configmap: ConfigMap,
+    /// The NetworkPolicy, when isolation is on for this owner.
+    pub network_policy: Option<NetworkPolicy>,
+}
+
+/// The objects `owner` needs besides its Secret, or `None` when it gets none: a TrainJob whose
+/// runtime has no MPI policy, a JobSet not in JobSet mode (no label, or a TrainJob controls
+/// it). A JobSet's NetworkPolicy is on when its `mpi-webhook.io/network-policy` says `true`, or
+/// is absent and `options.network_policy_default` is `true`.
 ///
 /// # Errors
-/// [`Problem`] when its settings do not parse or the hostfile would not fit.
-pub fn jobset_hostfile(jobset: &JobSet) -> Result<Option<ConfigMap>, Problem> {
-    if jobset_mode::mode(&jobset.metadata) != Mode::JobSet {
-        return Ok(None);
+/// [`Problem`] when the runtime's MPI policy cannot be used, the JobSet's settings do not parse,
+/// or the hostfile would not fit.
+pub fn desired(owner: Owned<'_>, options: &Options) -> Result<Option<Desired>, Problem> {
+    match owner {
+        Owned::TrainJob(train_job, runtime) => {
+            let Some(plan) = runtime.plan(train_job)? else {
+                return Ok(None);
+            };
+            Ok(Some(Desired {
+                configmap: hostfile_configmap(train_job, &plan)?,
+                network_policy: options
+                    .network_policy_default
+                    .then(|| network_policy(train_job)),
+            }))
+        }
+        Owned::JobSet(jobset) => {
+            if jobset_mode::mode(&jobset.metadata) != Mode::JobSet {
+                return Ok(None);
+            }
+            let settings = settings(&jobset.metadata).map_err(Problem::JobSetSettings)?;
+            let wanted = settings
+                .network_policy
+                .unwrap_or(options.network_policy_default);
+            // The reconciler's plan: no pre-flight is its concern.
+            let plan = MpiPlan::from_settings(jobset, settings, &plan::Options::default());
+            Ok(Some(Desired {
+                configmap: hostfile_configmap(jobset, &plan)?,
+                network_policy: wanted.then(|| network_policy(jobset)),
+            }))
+        }
     }
-    let plan = MpiPlan::for_jobset(jobset).map_err(Problem::JobSetSettings)?;
-    Ok(Some(hostfile_configmap(jobset, &plan)?))
-}
-
-/// The NetworkPolicy of a TrainJob that gets objects (its [`hostfile_for`] is `Some`), when
-/// `enabled` (`--network-policy-default`: a TrainJob has no place of ours for an annotation).
-pub fn train_job_network_policy(train_job: &TrainJob, enabled: bool) -> Option<NetworkPolicy> {
-    enabled.then(|| network_policy(train_job))
-}
-
-/// The NetworkPolicy of a JobSet-mode JobSet, owned by the JobSet, when its annotation
-/// `mpi-webhook.io/network-policy` says `true`, or is absent and `default` is `true`; `None`
-/// for a JobSet not in JobSet mode.
-///
-/// # Errors
-/// [`Problem::JobSetSettings`] when the annotation is neither `true` nor `false`.
-pub fn jobset_network_policy(
-    jobset: &JobSet,
-    default: bool,
-) -> Result<Option<NetworkPolicy>, Problem> {
-    if jobset_mode::mode(&jobset.metadata) != Mode::JobSet {
-        return Ok(None);
-    }
-    let wanted = jobset_mode::network_policy(&jobset.metadata)
-        .map_err(|error| Problem::JobSetSettings(vec![*error]))?
-        .unwrap_or(default);
-    Ok(wanted.then(|| network_policy(jobset)))
 }

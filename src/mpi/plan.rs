@@ -165,18 +165,24 @@ pub struct MpiPlan {
     pub jobset_defaults: Option<JobSetDefaults>,
 }
 
-/// JobSet mode's defaults (docs/jobset-mode.md "Defaults"): the sshd command and
-/// readiness probe of the workers, the launcher's `dependsOn`, the ssh port on the client side
-/// and the launcher pre-flight.
+/// What JobSet mode's defaults (docs/jobset-mode.md "Defaults": the sshd command and readiness
+/// probe of the workers, the launcher's `dependsOn`, the ssh port on the client side, the
+/// launcher pre-flight) follow: the JobSet's settings, as read once, and the webhook's options.
+/// A new default reads its setting or option here, in the writer: the plan is not changed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct JobSetDefaults {
-    /// The workers' sshd port (`mpi-webhook.io/ssh-port`).
-    pub ssh_port: u16,
-    /// Who sets up ssh (`mpi-webhook.io/ssh-setup`).
-    pub ssh_setup: SshSetup,
-    /// Whether the JobSet wants the pre-flight (`mpi-webhook.io/preflight`, default `true`).
-    pub preflight: bool,
-    /// The pre-flight init container's image (`--preflight-image`); empty: no pre-flight.
+    /// The JobSet's settings (`mpi-webhook.io/ssh-port`, `ssh-setup`, `preflight`, ...).
+    pub settings: Settings,
+    /// The webhook's options (`--preflight-image`).
+    pub options: Options,
+}
+
+/// What the webhook's policy is configured with besides the objects it looks up: plain data
+/// from the command line of `serve` and `review` (`crate::cli::PolicyArgs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `--preflight-image`: the image of JobSet mode's launcher pre-flight init container;
+    /// empty, no pre-flight.
     pub preflight_image: String,
 }
 
@@ -245,14 +251,14 @@ impl MpiPlan {
     pub fn ssh_port(&self) -> u16 {
         self.jobset_defaults
             .as_ref()
-            .map_or(DEFAULT_SSH_PORT, |d| d.ssh_port)
+            .map_or(DEFAULT_SSH_PORT, |d| d.settings.ssh_port)
     }
 
     /// Whether the pods get JobSet mode's `generated` ssh setup.
     pub fn generated_ssh(&self) -> bool {
         self.jobset_defaults
             .as_ref()
-            .is_some_and(|d| d.ssh_setup == SshSetup::Generated)
+            .is_some_and(|d| d.settings.ssh_setup == SshSetup::Generated)
     }
 
     /// The launcher env of the plan's implementation, as `(name, value)` pairs.
@@ -271,15 +277,8 @@ impl MpiPlan {
     pub fn preflight_image(&self) -> Option<&str> {
         self.jobset_defaults
             .as_ref()
-            .filter(|d| d.preflight && !d.preflight_image.is_empty())
-            .map(|d| d.preflight_image.as_str())
-    }
-
-    /// Sets the pre-flight image (`--preflight-image`; empty: none). No effect in TrainJob mode.
-    pub fn set_preflight_image(&mut self, image: &str) {
-        if let Some(defaults) = &mut self.jobset_defaults {
-            defaults.preflight_image = image.to_string();
-        }
+            .filter(|d| d.settings.preflight && !d.options.preflight_image.is_empty())
+            .map(|d| d.options.preflight_image.as_str())
     }
 
     /// The worker group named `name`, if it is one.
@@ -340,16 +339,20 @@ impl MpiPlan {
 impl MpiPlan {
     /// The plan of a JobSet-mode JobSet: its settings, its own counts (`replicas` x
     /// `parallelism`, never changed: no `node_count`), `spec.network.subdomain` else its name,
-    /// and the private key projected with 0o600 (Decision 18).
+    /// the private key projected with 0o600 (Decision 18), and the pre-flight of `options`.
     ///
     /// # Errors
     /// The field errors of [`settings`].
-    pub fn for_jobset(jobset: &JobSet) -> Result<Self, Vec<FieldError>> {
-        Ok(Self::from_settings(jobset, settings(&jobset.metadata)?))
+    pub fn for_jobset(jobset: &JobSet, options: &Options) -> Result<Self, Vec<FieldError>> {
+        Ok(Self::from_settings(
+            jobset,
+            settings(&jobset.metadata)?,
+            options,
+        ))
     }
 
-    /// The plan of a JobSet-mode JobSet whose settings were already read.
-    pub fn from_settings(jobset: &JobSet, settings: Settings) -> Self {
+    /// The plan of a JobSet-mode JobSet whose settings were already read, complete.
+    pub fn from_settings(jobset: &JobSet, settings: Settings, options: &Options) -> Self {
         let wired_container = WiredContainer::for_jobset(settings.container.as_deref());
         let spec = &jobset.spec;
         let worker_groups: Vec<WorkerGroup> = settings
@@ -368,7 +371,7 @@ impl MpiPlan {
             implementation: settings.implementation,
             slots,
             worker_groups,
-            ssh_auth_mount_path: settings.ssh_auth_mount_path,
+            ssh_auth_mount_path: settings.ssh_auth_mount_path().to_string(),
             ssh_private_key_mode: SSH_PRIVATE_KEY_FILE_MODE_STRICT,
             run_launcher_as_node: settings.run_launcher_as_node,
             node_count: None,
@@ -385,10 +388,8 @@ impl MpiPlan {
             jobset_name: jobset.name().to_string(),
             wired_container,
             jobset_defaults: Some(JobSetDefaults {
-                ssh_port: settings.ssh_port,
-                ssh_setup: settings.ssh_setup,
-                preflight: settings.preflight,
-                preflight_image: String::new(),
+                settings,
+                options: options.clone(),
             }),
         }
     }

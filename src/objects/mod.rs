@@ -3,6 +3,10 @@
 //! The admission logic asks an [`ObjectSource`]; [`Snapshot`] is the in-memory implementation
 //! loaded from `--objects-dir` (see [`dir`]), and the cluster implementation wraps watch-backed
 //! caches. Lookups are async only because a cluster source may fall back to a GET.
+//!
+//! [`runtime_of`] is the one lookup of a TrainJob's runtime (admission and the reconciler);
+//! [`Snapshot::runtime_of`] answers the same at once, for `render`. Both end in the policy's
+//! [`Resolved::found`], so they agree on which runtime a TrainJob runs on.
 
 pub mod cluster;
 pub mod dir;
@@ -12,6 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
+use crate::mpi::objects_for::{Problem, Resolved, runtime_ref};
 
 pub use dir::LoadError;
 
@@ -29,6 +34,33 @@ pub enum LookupError {
         #[source]
         source: kube::Error,
     },
+}
+
+/// Why a TrainJob's runtime is not at hand.
+#[derive(Debug, thiserror::Error)]
+pub enum Unresolved {
+    /// `spec.runtimeRef` names neither runtime kind, or the runtime does not exist.
+    #[error(transparent)]
+    Problem(#[from] Problem),
+    /// The lookup itself failed.
+    #[error(transparent)]
+    Lookup(#[from] LookupError),
+}
+
+/// The runtime `train_job` refers to, looked up in `objects` in `namespace` (ignored for a
+/// ClusterTrainingRuntime).
+///
+/// # Errors
+/// [`Unresolved`]: [`Problem::UnsupportedRuntime`], [`Problem::RuntimeNotFound`], or the
+/// lookup's error.
+pub async fn runtime_of<S: ObjectSource>(
+    objects: &S,
+    train_job: &TrainJob,
+    namespace: &str,
+) -> Result<Resolved, Unresolved> {
+    let (kind, name) = runtime_ref(train_job)?;
+    let found = objects.runtime(kind, namespace, name).await?;
+    Ok(Resolved::found(kind, name, found)?)
 }
 
 /// Read access to TrainJobs and runtimes.
@@ -131,6 +163,16 @@ impl Snapshot {
                 self.cluster_training_runtimes.get(name).cloned()
             }
         }
+    }
+
+    /// The runtime `train_job` refers to, in its namespace: [`runtime_of`], answered at once.
+    ///
+    /// # Errors
+    /// [`Problem::UnsupportedRuntime`] or [`Problem::RuntimeNotFound`].
+    pub fn runtime_of(&self, train_job: &TrainJob) -> Result<Resolved, Problem> {
+        let (kind, name) = runtime_ref(train_job)?;
+        let found = self.get_runtime(kind, train_job.namespace(), name);
+        Resolved::found(kind, name, found)
     }
 
     /// Synchronous TrainJob lookup.

@@ -16,6 +16,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource};
 use tokio::sync::watch;
 
+use crate::mpi::objects_for;
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair};
 use crate::objects::cluster::ClusterObjects;
 
@@ -52,8 +53,8 @@ pub struct ContextParts {
     pub leader: watch::Receiver<bool>,
     /// Makes SSH key pairs.
     pub keygen: fn() -> Result<SshKeyPair, KeyError>,
-    /// `--network-policy-default`.
-    pub network_policy_default: bool,
+    /// What the objects are configured with (`--network-policy-default`).
+    pub object_options: objects_for::Options,
 }
 
 /// Everything a reconcile needs. One per leadership term (the caches belong to its watches).
@@ -82,8 +83,8 @@ pub struct Context {
     pub(super) network_policies: Store<NetworkPolicy>,
     /// NetworkPolicies applied but not yet seen again by their watch.
     pub(super) applied_policies: Arc<Applied<NetworkPolicy>>,
-    /// `--network-policy-default`.
-    pub(super) network_policy_default: bool,
+    /// What the objects are configured with (`--network-policy-default`).
+    pub(super) object_options: objects_for::Options,
 }
 
 impl Context {
@@ -100,7 +101,7 @@ impl Context {
             metrics,
             leader,
             keygen,
-            network_policy_default,
+            object_options,
         } = parts;
         let caches_ready = caches_ready(&secrets, &configmaps, &network_policies, &objects);
         Self {
@@ -117,7 +118,7 @@ impl Context {
             applied: Arc::default(),
             network_policies,
             applied_policies: Arc::default(),
-            network_policy_default,
+            object_options,
         }
     }
 

@@ -30,9 +30,9 @@ use crate::mpi::failed_run::{
     launcher_pod_selector,
 };
 use crate::mpi::jobset_mode::settings;
-use crate::mpi::objects_for::runtime_of;
 use crate::mpi::plan::WiredContainer;
 use crate::objects::cluster::{CacheMetrics, ClusterObjects, retried, watch_config};
+use crate::objects::runtime_of;
 
 use super::events::Events;
 use super::metrics::ReconcileMetrics;

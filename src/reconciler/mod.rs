@@ -5,9 +5,9 @@
 //! and server-side applies the hostfile ConfigMap with field manager `mpi-webhook`, so edits and
 //! drift are repaired (D.2), but never over Kubeflow Trainer's manager `trainer` (Decision 16): the
 //! apply is sent without `force`, and retried with it only when no conflicting manager is Trainer's.
-//! Which TrainJobs get objects, and
-//! what the ConfigMap holds, is decided by [`crate::mpi::objects_for::hostfile_for`], the same code as
-//! `render` and the webhook's JobSet patch (all start from [`crate::mpi::plan::MpiPlan`]).
+//! Which TrainJobs get objects, and what they hold, is [`crate::mpi::objects_for::desired`]'s
+//! answer, the same as `render`'s; the ConfigMap agrees with the webhook's JobSet patch (both
+//! start from [`crate::mpi::plan::MpiPlan`]).
 //!
 //! With `--network-policy-default` (TrainJobs, and JobSet-mode JobSets without the
 //! `mpi-webhook.io/network-policy` annotation) or that annotation set to `true`, it also
@@ -41,6 +41,6 @@ pub use error::{Error, HostfileConflict, TRAINER_MANAGER};
 pub use events::Events;
 pub use leader::{LeaseSettings, TermEnd, run_while_leader};
 pub use metrics::ReconcileMetrics;
-pub use owners::{Desired, MpiOwner};
+pub use owners::MpiOwner;
 pub use reconcile::{Written, error_policy, reconcile};
 pub use run::{ReconcileError, run};

@@ -1,33 +1,20 @@
-//! The two kinds of owner the reconciler serves and what each needs: a TrainJob whose runtime
-//! has an MPI policy, and a JobSet-mode JobSet (labelled `mpi-webhook.io/implementation`, not
-//! owned by a TrainJob). Which owners get objects, and what the objects hold, is decided in
-//! [`crate::mpi::objects_for`], the same code as `render`; everything after that (the writes,
-//! the Events, the retries) is the same for both kinds.
+//! The two kinds of owner the reconciler serves: a TrainJob whose runtime has an MPI policy,
+//! and a JobSet-mode JobSet (labelled `mpi-webhook.io/implementation`, not owned by a
+//! TrainJob). What each needs is [`crate::mpi::objects_for::desired`]'s answer, the same as
+//! `render`'s; this module only looks up a TrainJob's runtime first. Everything after that (the
+//! writes, the Events, the retries) is the same for both kinds.
 
 use std::future::Future;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Resource;
 
 use crate::api::{JobSet, TrainJob};
 use crate::mpi::Owner;
-use crate::mpi::objects_for::{
-    Unresolved, hostfile_for, jobset_hostfile, jobset_network_policy, runtime_of,
-    train_job_network_policy,
-};
+use crate::mpi::objects_for::{Desired, Owned, desired};
+use crate::objects::{Unresolved, runtime_of};
 
 use super::context::Context;
 use super::error::Error;
-
-/// The objects one owner needs besides its Secret.
-#[derive(Debug)]
-pub struct Desired {
-    /// The hostfile ConfigMap.
-    pub configmap: ConfigMap,
-    /// The NetworkPolicy, when isolation is on for this owner.
-    pub network_policy: Option<NetworkPolicy>,
-}
 
 /// An owner of MPI objects: a [`TrainJob`] or a JobSet-mode [`JobSet`].
 pub trait MpiOwner:
@@ -56,14 +43,12 @@ impl MpiOwner for TrainJob {
                 Unresolved::Problem(problem) => Error::Policy(problem),
                 Unresolved::Lookup(error) => Error::RuntimeLookup(error),
             })?;
-        let Some(configmap) = hostfile_for(self, &runtime).map_err(Error::Policy)? else {
+        let desired =
+            desired(Owned::TrainJob(self, &runtime), &ctx.object_options).map_err(Error::Policy)?;
+        if desired.is_none() {
             tracing::debug!(name = self.name(), "runtime has no MPI policy");
-            return Ok(None);
-        };
-        Ok(Some(Desired {
-            configmap,
-            network_policy: train_job_network_policy(self, ctx.network_policy_default),
-        }))
+        }
+        Ok(desired)
     }
 
     fn owner(&self) -> Owner {
@@ -75,16 +60,11 @@ impl MpiOwner for JobSet {
     const FAILED_REASON: &'static str = "MPIResourcesCreationFailed";
 
     async fn desired(&self, ctx: &Context) -> Result<Option<Desired>, Error> {
-        let Some(configmap) = jobset_hostfile(self).map_err(Error::Policy)? else {
+        let desired = desired(Owned::JobSet(self), &ctx.object_options).map_err(Error::Policy)?;
+        if desired.is_none() {
             tracing::debug!(name = self.name(), "not in JobSet mode");
-            return Ok(None);
-        };
-        let network_policy =
-            jobset_network_policy(self, ctx.network_policy_default).map_err(Error::Policy)?;
-        Ok(Some(Desired {
-            configmap,
-            network_policy,
-        }))
+        }
+        Ok(desired)
     }
 
     fn owner(&self) -> Owner {

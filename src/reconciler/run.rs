@@ -20,7 +20,7 @@ use tokio::sync::watch;
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::cli::ReconcileArgs;
 use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
-use crate::mpi::objects_for::runtime_ref;
+use crate::mpi::objects_for::{self, runtime_ref};
 use crate::mpi::ssh_secret::generate_key_pair;
 use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
 use crate::objects::cluster::{
@@ -87,8 +87,8 @@ pub(super) struct Shared {
     pub(super) events: Events,
     pub(super) metrics: ReconcileMetrics,
     pub(super) cache_metrics: CacheMetrics,
-    /// `--network-policy-default`.
-    pub(super) network_policy_default: bool,
+    /// What the objects are configured with (`--network-policy-default`).
+    pub(super) object_options: objects_for::Options,
 }
 
 /// Runs `mpi-webhook reconcile` until SIGTERM / Ctrl-C: probes on `--metrics-listen`, and the
@@ -108,7 +108,7 @@ pub async fn run(args: ReconcileArgs) -> Result<(), ReconcileError> {
         events: Events::new(client.clone(), reporter(&settings.holder)),
         metrics: ReconcileMetrics::register(&mut registry),
         cache_metrics: CacheMetrics::register(&mut registry),
-        network_policy_default: args.network_policy_default,
+        object_options: objects_for::Options::from(&args.objects),
         client,
     };
     let readiness = Readiness::waiting_for(&[STARTED]);
@@ -391,7 +391,7 @@ fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<Tra
         metrics: shared.metrics.clone(),
         leader,
         keygen: generate_key_pair,
-        network_policy_default: shared.network_policy_default,
+        object_options: shared.object_options,
     });
     let jobs_stream = reflect(
         watcher(Api::all(client.clone()), watch_config()).modify(identity),

@@ -29,6 +29,7 @@ use super::run::{Shared, lead, managed_selector, users_of};
 use super::writes::applied;
 use super::*;
 use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::mpi::objects_for;
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair};
 use crate::objects::cluster::tests::synced_store;
 use crate::objects::cluster::{CacheMetrics, ClusterObjects};
@@ -167,7 +168,7 @@ struct Caches {
     configmap: Option<ConfigMap>,
     network_policy: Option<NetworkPolicy>,
     /// `--network-policy-default`.
-    network_policy_default: bool,
+    object_options: objects_for::Options,
 }
 
 struct Fixture {
@@ -215,7 +216,7 @@ fn fixture(caches: Caches) -> Fixture {
         metrics: metrics.clone(),
         leader: leader_rx,
         keygen: fixed_keys,
-        network_policy_default: caches.network_policy_default,
+        object_options: caches.object_options,
     });
     Fixture {
         ctx: Arc::new(ctx),
@@ -718,7 +719,9 @@ async fn concurrent_reconciles_all_resume_when_the_caches_become_ready() {
         metrics: ReconcileMetrics::default(),
         leader: leader_rx,
         keygen: fixed_keys,
-        network_policy_default: false,
+        object_options: objects_for::Options {
+            network_policy_default: false,
+        },
     }));
     let waiting: Vec<_> = (0..3)
         .map(|_| tokio::spawn(reconcile(Arc::new(train_job()), ctx.clone())))
@@ -793,7 +796,9 @@ fn shared(client: Client) -> Shared {
         client,
         metrics: ReconcileMetrics::default(),
         cache_metrics: CacheMetrics::default(),
-        network_policy_default: false,
+        object_options: objects_for::Options {
+            network_policy_default: false,
+        },
     }
 }
 
@@ -1088,7 +1093,9 @@ fn network_policy_fixture(secret: bool, cached: Option<Value>) -> Fixture {
         runtime: Some(mpi_runtime()),
         secret,
         network_policy: cached.map(|v| serde_json::from_value(v).expect("NetworkPolicy")),
-        network_policy_default: true,
+        object_options: objects_for::Options {
+            network_policy_default: true,
+        },
         ..Caches::default()
     })
 }
@@ -1116,7 +1123,9 @@ async fn a_network_policy_in_place_is_not_applied_again_and_drift_is_repaired() 
             secret: true,
             configmap: Some(serde_json::from_value(expected_configmap()).expect("cm")),
             network_policy: Some(serde_json::from_value(policy).expect("NetworkPolicy")),
-            network_policy_default: true,
+            object_options: objects_for::Options {
+                network_policy_default: true,
+            },
         })
     };
     let f = in_cache(expected_network_policy());
@@ -1288,7 +1297,9 @@ mod jobset_mode {
     async fn the_annotation_turns_the_network_policy_off_over_the_default() {
         let f = fixture(Caches {
             secret: true,
-            network_policy_default: true,
+            object_options: objects_for::Options {
+                network_policy_default: true,
+            },
             ..Caches::default()
         });
         // No NetworkPolicy call in the script: one would hang the reconcile.

@@ -210,7 +210,7 @@ pub async fn run(args: ServeArgs) -> Result<(), ServeError> {
     let mut options = ServeOptions::new(args.listen, args.metrics_listen, tls_files(&args)?);
     options.shutdown_delay = args.shutdown_delay;
     let delay = options.shutdown_delay;
-    options.policy.preflight_image = args.preflight_image.clone();
+    options.policy = (&args.policy).into();
     let objects = objects_for_serve(&args).await;
     let running = start(options, objects).await?;
     let signal = signals.recv().await;

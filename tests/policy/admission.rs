@@ -163,9 +163,7 @@ async fn assert_the_reference_agrees_with(
         }
         Mode::JobSet => {
             let jobset: JobSet = serde_json::from_value(object.clone()).expect("a JobSet");
-            let mut plan = MpiPlan::for_jobset(&jobset).expect("JobSet-mode settings");
-            plan.set_preflight_image(&options.preflight_image);
-            plan
+            MpiPlan::for_jobset(&jobset, options).expect("JobSet-mode settings")
         }
         Mode::Plain => panic!("a plain JobSet is never patched: {response}"),
     };

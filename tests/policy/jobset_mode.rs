@@ -12,6 +12,7 @@ use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
 use mpi_webhook::admission::Options;
+use mpi_webhook::mpi::objects_for::{self, Owned, desired};
 
 use super::admission::{
     JOBSET, admission_review, every_edit_is_answered, every_edit_is_answered_with, respond,
@@ -95,7 +96,7 @@ fn generated_jobset(implementation: &str, annotations: Value, rjobs: Vec<Value>)
 
 fn plan(jobset: &Value) -> MpiPlan {
     let typed: JobSet = serde_json::from_value(jobset.clone()).expect("JobSet");
-    MpiPlan::for_jobset(&typed).expect("settings parse")
+    MpiPlan::for_jobset(&typed, &Options::default()).expect("settings parse")
 }
 
 fn hostfile_of(jobset: &Value) -> String {
@@ -1531,9 +1532,10 @@ fn groups_jobset(implementation: &str, annotations: Value, rjobs: Vec<Value>) ->
 /// The ConfigMap data the reconciler applies for `jobset` (the same code as `render`).
 fn reconciled_hostfile(jobset: &Value) -> String {
     let typed: JobSet = serde_json::from_value(jobset.clone()).expect("JobSet");
-    let configmap = mpi_webhook::mpi::objects_for::jobset_hostfile(&typed)
+    let configmap = desired(Owned::JobSet(&typed), &objects_for::Options::default())
         .expect("builds")
-        .expect("JobSet mode");
+        .expect("JobSet mode")
+        .configmap;
     configmap.data.expect("data")["hostfile"].clone()
 }
 
@@ -1903,8 +1905,13 @@ fn the_network_policy_admits_every_groups_pods_by_the_jobsets_name() {
     // and admits by that label alone, so no group is left out and none needs naming.
     let typed: JobSet =
         serde_json::from_value(groups_jobset("OpenMPI", json!({}), group_rjobs())).expect("JobSet");
-    let policy = mpi_webhook::mpi::objects_for::jobset_network_policy(&typed, true)
+    let on = objects_for::Options {
+        network_policy_default: true,
+    };
+    let policy = desired(Owned::JobSet(&typed), &on)
         .expect("builds")
+        .expect("JobSet mode")
+        .network_policy
         .expect("on");
     let spec = serde_json::to_value(policy.spec).expect("JSON");
     let own = json!({"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "pi"}});

@@ -74,22 +74,24 @@ fn launcher_env(
 
 /// The workers' sshd port: 22 but in JobSet mode with `mpi-webhook.io/ssh-port`.
 fn ssh_port(plan: &MpiPlan) -> u16 {
-    plan.jobset_defaults.as_ref().map_or(22, |d| d.ssh_port)
+    plan.jobset_defaults
+        .as_ref()
+        .map_or(22, |d| d.settings.ssh_port)
 }
 
 /// Whether JobSet mode's `mpi-webhook.io/ssh-setup` is `generated`.
 fn generated_ssh(plan: &MpiPlan) -> bool {
     plan.jobset_defaults
         .as_ref()
-        .is_some_and(|d| d.ssh_setup == SshSetup::Generated)
+        .is_some_and(|d| d.settings.ssh_setup == SshSetup::Generated)
 }
 
 /// The pre-flight image: JobSet mode, `--preflight-image` set, the JobSet not opted out.
 fn preflight_image(plan: &MpiPlan) -> Option<&str> {
     plan.jobset_defaults
         .as_ref()
-        .filter(|d| d.preflight && !d.preflight_image.is_empty())
-        .map(|d| d.preflight_image.as_str())
+        .filter(|d| d.settings.preflight && !d.options.preflight_image.is_empty())
+        .map(|d| d.options.preflight_image.as_str())
 }
 
 /// Whether container `index` named `name` is wired: those named `node` (TrainJob mode), the

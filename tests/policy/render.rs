@@ -200,7 +200,7 @@ fn render_emits_secret_then_configmap_in_namespace_name_order_and_reports_proble
         tj["spec"]["runtimeRef"] = json!({"name": runtime});
         snapshot.insert_train_job(typed_train_job(&tj));
     }
-    let rendered = render(&snapshot, false, || Ok(fixed_keys())).expect("renders");
+    let rendered = render(&snapshot, &Default::default(), || Ok(fixed_keys())).expect("renders");
     let docs: Vec<Value> = serde_saphyr::from_multiple(&rendered.yaml).expect("YAML");
     let names: Vec<(&str, &str)> = docs
         .iter()
@@ -232,7 +232,10 @@ fn render_emits_secret_then_configmap_in_namespace_name_order_and_reports_proble
 
 /// `kind/name` of every document `render` prints for `snapshot`.
 fn rendered_names(snapshot: &Snapshot, network_policy_default: bool) -> Vec<String> {
-    let rendered = render(snapshot, network_policy_default, || Ok(fixed_keys())).expect("renders");
+    let options = mpi_webhook::mpi::objects_for::Options {
+        network_policy_default,
+    };
+    let rendered = render(snapshot, &options, || Ok(fixed_keys())).expect("renders");
     assert_eq!(rendered.problems, Vec::<String>::new());
     let docs: Vec<Value> = serde_saphyr::from_multiple(&rendered.yaml).expect("YAML");
     docs.iter()

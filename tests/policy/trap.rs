@@ -58,8 +58,10 @@ fn cases() -> Vec<(&'static str, MpiPlan, Value)> {
         ]}
     });
     let typed: JobSet = serde_json::from_value(js_mode.clone()).expect("JobSet");
-    let mut js_plan = MpiPlan::for_jobset(&typed).expect("settings parse");
-    js_plan.set_preflight_image("ghcr.io/example/mpi-webhook:trap");
+    let options = mpi_webhook::admission::Options {
+        preflight_image: "ghcr.io/example/mpi-webhook:trap".into(),
+    };
+    let js_plan = MpiPlan::for_jobset(&typed, &options).expect("settings parse");
     vec![
         ("TrainJob mode", plan(&rt, &tj), jobset(&rt, &tj)),
         ("JobSet mode", js_plan, js_mode),

@@ -1,6 +1,8 @@
-//! JobSet mode's settings: the opt-in label and the annotations, read and checked, with their
-//! defaults, and which mode a JobSet is in. The lowest layer of the mode: it knows the
-//! implementation table and nothing of plans, patches or rules.
+//! JobSet mode's settings: the opt-in label and the annotations, read and checked in one pass
+//! ([`Read`]) into one typed [`Settings`], with their defaults; which mode a JobSet is in; and
+//! the rules on the label and annotations as written (fixed on UPDATE, none on a JobSet a
+//! TrainJob controls). The only reader of the label and the annotations, and the lowest layer
+//! of the mode: it knows the implementation table and nothing of plans, patches or rules.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
@@ -61,7 +63,10 @@ pub enum SshSetup {
 
 impl SshSetup {
     /// The annotation's values, in the order error messages list them.
-    pub const VALUES: [&'static str; 2] = ["generated", "image"];
+    pub const CHOICES: [(&'static str, SshSetup); 2] = [
+        ("generated", SshSetup::Generated),
+        ("image", SshSetup::Image),
+    ];
 
     /// The workers' sshd port when `mpi-webhook.io/ssh-port` is unset.
     pub fn default_port(self) -> u16 {
@@ -97,7 +102,7 @@ pub fn mode(metadata: &ObjectMeta) -> Mode<'_> {
     }
 }
 
-pub(super) fn label(metadata: &ObjectMeta) -> Option<&str> {
+fn label(metadata: &ObjectMeta) -> Option<&str> {
     metadata
         .labels
         .as_ref()?
@@ -105,33 +110,29 @@ pub(super) fn label(metadata: &ObjectMeta) -> Option<&str> {
         .map(String::as_str)
 }
 
-pub(super) fn annotation<'m>(metadata: &'m ObjectMeta, key: &str) -> Option<&'m str> {
+fn annotation<'m>(metadata: &'m ObjectMeta, key: &str) -> Option<&'m str> {
     metadata.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
-pub(super) fn label_field(key: &str) -> String {
+fn label_field(key: &str) -> String {
     format!("metadata.labels[{key}]")
 }
 
-pub(super) fn annotation_field(key: &str) -> String {
+pub(in crate::mpi) fn annotation_field(key: &str) -> String {
     format!("metadata.annotations[{key}]")
 }
 
-pub(super) fn replicated_job_field(index: usize, rest: &str) -> String {
-    format!("spec.replicatedJobs[{index}]{rest}")
-}
-
-pub(super) const CONTAINERS: &str = ".template.spec.template.spec.containers";
-
-/// The MPI settings of a JobSet-mode JobSet, read from its label and annotations.
+/// The MPI settings of a JobSet-mode JobSet, read from its label and annotations in one pass
+/// ([`Read::new`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
-    /// From the label.
+    /// From the label (Open MPI, the runtimes' default, in a [`Read`] whose label names none).
     pub implementation: &'static Implementation,
     /// The annotation's slots, or `None` to count the `node` container's GPUs (Decision 3).
     pub slots_per_node: Option<i64>,
-    /// The annotation's mount path, or `/root/.ssh`.
-    pub ssh_auth_mount_path: String,
+    /// The annotation's mount path as written, or `None`: `/root/.ssh`
+    /// ([`Settings::ssh_auth_mount_path`]).
+    pub ssh_auth_mount_path_annotation: Option<String>,
     /// The annotation's `true`/`false`, or `false`.
     pub run_launcher_as_node: bool,
     /// The annotation's container, or `None`: each template's first.
@@ -140,13 +141,16 @@ pub struct Settings {
     pub network_policy: Option<bool>,
     /// The annotation's sshd port, or the default of `ssh_setup` (2222 `generated`, 22 `image`).
     pub ssh_port: u16,
-    /// The annotation's `generated`/`image`, or `generated`.
+    /// The annotation's `generated`/`image`, or the JobSet's default (`generated`, or `image`
+    /// for a JobSet the webhook wired before `generated` existed).
     pub ssh_setup: SshSetup,
     /// The annotation's `true`/`false`, or `true`: whether the launcher gets the pre-flight
     /// (when an image for it is configured).
     pub preflight: bool,
     /// The worker groups' replicatedJob names, in hostfile order: the annotation's, or `node`.
     pub worker_groups: Vec<String>,
+    /// The worker-groups annotation as written (the rules' errors quote it), or `None`.
+    pub worker_groups_annotation: Option<String>,
     /// The slots the `slots-per-group` annotation gives some groups, in its order.
     pub slots_per_group: Vec<(String, i64)>,
 }
@@ -161,235 +165,269 @@ impl Settings {
             .map(|(_, slots)| *slots)
             .or(self.slots_per_node)
     }
+
+    /// Where the SSH Secret is mounted: the annotation's path, or `/root/.ssh`.
+    pub fn ssh_auth_mount_path(&self) -> &str {
+        self.ssh_auth_mount_path_annotation
+            .as_deref()
+            .unwrap_or(DEFAULT_SSH_AUTH_MOUNT_PATH)
+    }
 }
 
-/// The container the annotation names, if any (else each template's first is wired).
-pub fn container(metadata: &ObjectMeta) -> Option<&str> {
-    annotation(metadata, CONTAINER_ANNOTATION)
+/// The label and annotations of a JobSet, read in one pass: every setting, each at its default
+/// where its value is absent or does not parse, and one field error per value that does not
+/// parse (the label's first, then the annotations' in the order they are read below). The rules check the JobSet
+/// against these settings whether or not they all parse; a plan is made only of settings that
+/// do ([`Read::into_result`]).
+#[derive(Debug, Clone)]
+pub struct Read {
+    /// The settings, defaults standing in for the values that do not parse.
+    pub settings: Settings,
+    /// One error per value that does not parse.
+    pub errors: Vec<FieldError>,
 }
 
-/// Reads the settings from `metadata`, with their defaults.
+impl Read {
+    /// Reads the label and annotations of `metadata`. `unset` gives the ssh setup of a JobSet
+    /// without `mpi-webhook.io/ssh-setup` from the container the settings wire (the
+    /// annotation's, or `None`: each template's first).
+    pub fn new(metadata: &ObjectMeta, unset: impl FnOnce(Option<&str>) -> SshSetup) -> Self {
+        let mut read = Reader {
+            metadata,
+            errors: Vec::new(),
+        };
+        let name = label(metadata).unwrap_or_default();
+        let implementation = implementation::lookup(name).unwrap_or_else(|| {
+            read.errors.push(FieldError::unsupported(
+                label_field(IMPLEMENTATION_LABEL),
+                BadValue::Str(name.to_string()),
+                &implementation::supported_names(),
+            ));
+            // A stand-in that no plan sees: the error keeps these settings from making one.
+            &implementation::IMPLEMENTATIONS[0]
+        });
+        let slots_per_node = read.parsed(
+            SLOTS_PER_NODE_ANNOTATION,
+            |text| text.parse::<i64>().ok().filter(|n| *n >= 1),
+            "must be an integer >= 1",
+        );
+        let ssh_auth_mount_path_annotation =
+            read.text(SSH_AUTH_MOUNT_PATH_ANNOTATION).inspect(|path| {
+                if !path.starts_with('/') {
+                    read.invalid(
+                        SSH_AUTH_MOUNT_PATH_ANNOTATION,
+                        path,
+                        "must be an absolute path",
+                    );
+                } else if mounts_over_hostfile(path) {
+                    read.invalid(
+                        SSH_AUTH_MOUNT_PATH_ANNOTATION,
+                        path,
+                        SSH_MOUNT_ON_HOSTFILE_DETAIL,
+                    );
+                }
+            });
+        let run_launcher_as_node = read.flag(RUN_LAUNCHER_AS_NODE_ANNOTATION).unwrap_or(false);
+        let network_policy = read.flag(NETWORK_POLICY_ANNOTATION);
+        let container = read.text(CONTAINER_ANNOTATION);
+        let ssh_setup = read
+            .one_of(SSH_SETUP_ANNOTATION, &SshSetup::CHOICES)
+            .unwrap_or_else(|| unset(container));
+        let ssh_port = read
+            .parsed(
+                SSH_PORT_ANNOTATION,
+                |text| text.parse::<u16>().ok().filter(|p| *p >= 1),
+                "must be an integer between 1 and 65535, inclusive",
+            )
+            .unwrap_or_else(|| ssh_setup.default_port());
+        let preflight = read.flag(PREFLIGHT_ANNOTATION).unwrap_or(true);
+        let worker_groups = read.worker_groups();
+        let slots_per_group = read.slots_per_group(worker_groups.as_deref());
+        Read {
+            settings: Settings {
+                implementation,
+                slots_per_node,
+                ssh_auth_mount_path_annotation: ssh_auth_mount_path_annotation.map(str::to_string),
+                run_launcher_as_node,
+                container: container.map(str::to_string),
+                network_policy,
+                ssh_port,
+                ssh_setup,
+                preflight,
+                worker_groups: worker_groups.unwrap_or_else(|| vec![NODE.to_string()]),
+                worker_groups_annotation: read.text(WORKER_GROUPS_ANNOTATION).map(str::to_string),
+                slots_per_group,
+            },
+            errors: read.errors,
+        }
+    }
+
+    /// Whether the value of annotation `key` did not parse (its error is in `errors`).
+    pub fn bad(&self, key: &str) -> bool {
+        self.errors.iter().any(|e| {
+            e.field
+                .strip_prefix("metadata.annotations[")
+                .and_then(|rest| rest.strip_suffix(']'))
+                == Some(key)
+        })
+    }
+
+    /// The settings when every value parses.
+    ///
+    /// # Errors
+    /// One field error per label or annotation value that does not parse.
+    pub fn into_result(self) -> Result<Settings, Vec<FieldError>> {
+        if self.errors.is_empty() {
+            Ok(self.settings)
+        } else {
+            Err(self.errors)
+        }
+    }
+}
+
+/// Reads the settings from `metadata`, with their defaults (`generated` ssh setup when unset).
 ///
 /// # Errors
 /// One field error per label or annotation value that does not parse.
 pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
-    settings_with(metadata, SshSetup::Generated)
+    Read::new(metadata, |_| SshSetup::Generated).into_result()
 }
 
-/// [`settings`], with `unset` standing for an absent `mpi-webhook.io/ssh-setup` (`image` for a
-/// JobSet the webhook wired before `generated` existed).
-///
-/// # Errors
-/// One field error per label or annotation value that does not parse.
-pub fn settings_with(metadata: &ObjectMeta, unset: SshSetup) -> Result<Settings, Vec<FieldError>> {
-    let mut errors = Vec::new();
-    let name = label(metadata).unwrap_or_default();
-    let implementation = implementation::lookup(name);
-    if implementation.is_none() {
-        errors.push(FieldError::unsupported(
-            label_field(IMPLEMENTATION_LABEL),
-            BadValue::Str(name.to_string()),
-            &implementation::supported_names(),
-        ));
-    }
-    let slots_per_node = annotation(metadata, SLOTS_PER_NODE_ANNOTATION).and_then(|text| {
-        let slots = text.parse::<i64>().ok().filter(|n| *n >= 1);
-        if slots.is_none() {
-            errors.push(FieldError::invalid(
-                annotation_field(SLOTS_PER_NODE_ANNOTATION),
-                BadValue::Str(text.to_string()),
-                "must be an integer >= 1",
-            ));
-        }
-        slots
-    });
-    let ssh_auth_mount_path = match annotation(metadata, SSH_AUTH_MOUNT_PATH_ANNOTATION) {
-        None => DEFAULT_SSH_AUTH_MOUNT_PATH,
-        Some(path) if !path.starts_with('/') => {
-            errors.push(FieldError::invalid(
-                annotation_field(SSH_AUTH_MOUNT_PATH_ANNOTATION),
-                BadValue::Str(path.to_string()),
-                "must be an absolute path",
-            ));
-            path
-        }
-        Some(path) if mounts_over_hostfile(path) => {
-            errors.push(FieldError::invalid(
-                annotation_field(SSH_AUTH_MOUNT_PATH_ANNOTATION),
-                BadValue::Str(path.to_string()),
-                SSH_MOUNT_ON_HOSTFILE_DETAIL,
-            ));
-            path
-        }
-        Some(path) => path,
-    };
-    let run_launcher_as_node = match annotation(metadata, RUN_LAUNCHER_AS_NODE_ANNOTATION) {
-        None | Some("false") => false,
-        Some("true") => true,
-        Some(other) => {
-            errors.push(FieldError::unsupported(
-                annotation_field(RUN_LAUNCHER_AS_NODE_ANNOTATION),
-                BadValue::Str(other.to_string()),
-                &["true", "false"],
-            ));
-            false
-        }
-    };
-    let network_policy = network_policy(metadata)
-        .map_err(|e| errors.push(*e))
-        .ok()
-        .flatten();
-    let ssh_setup = match annotation(metadata, SSH_SETUP_ANNOTATION) {
-        None => unset,
-        Some("generated") => SshSetup::Generated,
-        Some("image") => SshSetup::Image,
-        Some(other) => {
-            errors.push(FieldError::unsupported(
-                annotation_field(SSH_SETUP_ANNOTATION),
-                BadValue::Str(other.to_string()),
-                &SshSetup::VALUES,
-            ));
-            unset
-        }
-    };
-    let ssh_port = match annotation(metadata, SSH_PORT_ANNOTATION) {
-        None => ssh_setup.default_port(),
-        Some(text) => text
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p >= 1)
-            .unwrap_or_else(|| {
-                errors.push(FieldError::invalid(
-                    annotation_field(SSH_PORT_ANNOTATION),
-                    BadValue::Str(text.to_string()),
-                    "must be an integer between 1 and 65535, inclusive",
-                ));
-                ssh_setup.default_port()
-            }),
-    };
-    let preflight = match annotation(metadata, PREFLIGHT_ANNOTATION) {
-        None | Some("true") => true,
-        Some("false") => false,
-        Some(other) => {
-            errors.push(FieldError::unsupported(
-                annotation_field(PREFLIGHT_ANNOTATION),
-                BadValue::Str(other.to_string()),
-                &["true", "false"],
-            ));
-            true
-        }
-    };
-    let groups = worker_groups(metadata).map_err(|e| errors.push(*e)).ok();
-    let slots_per_group = slots_per_group(metadata, groups.as_deref())
-        .map_err(|e| errors.push(*e))
-        .unwrap_or_default();
-    match implementation {
-        Some(implementation) if errors.is_empty() => Ok(Settings {
-            implementation,
-            slots_per_node,
-            ssh_auth_mount_path: ssh_auth_mount_path.to_string(),
-            run_launcher_as_node,
-            container: container(metadata).map(str::to_string),
-            network_policy,
-            ssh_port,
-            ssh_setup,
-            preflight,
-            worker_groups: groups.unwrap_or_default(),
-            slots_per_group,
-        }),
-        _ => Err(errors),
-    }
+/// `true` and `false`, in the order error messages list them.
+const BOOLEAN: [(&str, bool); 2] = [("true", true), ("false", false)];
+
+/// The one pass: the metadata read, the errors found so far.
+struct Reader<'m> {
+    metadata: &'m ObjectMeta,
+    errors: Vec<FieldError>,
 }
 
-/// The worker groups `mpi-webhook.io/worker-groups` names, in order (spaces around a name
-/// ignored), or `node` when it is absent. Whether each names a replicatedJob of the JobSet is
-/// the rules' to say: the metadata does not know.
-///
-/// # Errors
-/// An Invalid-value field error for an empty list or name, a name given twice, or the launcher.
-pub fn worker_groups(metadata: &ObjectMeta) -> Result<Vec<String>, Box<FieldError>> {
-    let Some(text) = annotation(metadata, WORKER_GROUPS_ANNOTATION) else {
-        return Ok(vec![NODE.to_string()]);
-    };
-    let invalid = |detail: String| {
-        Box::new(FieldError::invalid(
-            annotation_field(WORKER_GROUPS_ANNOTATION),
+impl<'m> Reader<'m> {
+    /// The annotation `key`, as written.
+    fn text(&self, key: &str) -> Option<&'m str> {
+        annotation(self.metadata, key)
+    }
+
+    /// An Invalid-value error for annotation `key` written `text`.
+    fn invalid(&mut self, key: &str, text: &str, detail: impl Into<String>) {
+        self.errors.push(FieldError::invalid(
+            annotation_field(key),
             BadValue::Str(text.to_string()),
             detail,
-        ))
-    };
-    let names: Vec<String> = text.split(',').map(|n| n.trim().to_string()).collect();
-    if names.iter().any(String::is_empty) {
-        return Err(invalid(
-            "must be replicatedJob names separated by commas".into(),
         ));
     }
-    if let Some(twice) = first_repeated(names.iter().map(String::as_str)) {
-        return Err(invalid(format!(
-            "must name each replicatedJob once: {} is named twice",
-            go_quote(twice)
-        )));
-    }
-    // The launcher is a host only through run-launcher-as-node, which also gives it its line's
-    // place and its env; as a group it would get the workers' sshd command instead of mpirun.
-    if names.iter().any(|n| n == LAUNCHER) {
-        return Err(invalid(format!(
-            "must not name the launcher: set {RUN_LAUNCHER_AS_NODE_ANNOTATION} to make it a host too"
-        )));
-    }
-    Ok(names)
-}
 
-/// The `<group>=<N>` entries of `mpi-webhook.io/slots-per-group`, in order; none when it is
-/// absent. `groups`: the worker groups, when they parse (else an entry's group is not checked).
-///
-/// # Errors
-/// An Invalid-value field error for an entry that does not parse, a group given twice, or one
-/// that is not a worker group.
-pub fn slots_per_group(
-    metadata: &ObjectMeta,
-    groups: Option<&[String]>,
-) -> Result<Vec<(String, i64)>, Box<FieldError>> {
-    let Some(text) = annotation(metadata, SLOTS_PER_GROUP_ANNOTATION) else {
-        return Ok(Vec::new());
-    };
-    let invalid = |detail: String| {
-        Box::new(FieldError::invalid(
-            annotation_field(SLOTS_PER_GROUP_ANNOTATION),
-            BadValue::Str(text.to_string()),
-            detail,
-        ))
-    };
-    let entry = |item: &str| {
-        let (name, slots) = item.split_once('=')?;
-        let slots = slots.trim().parse::<i64>().ok().filter(|n| *n >= 1)?;
-        Some((name.trim().to_string(), slots)).filter(|(name, _)| !name.is_empty())
-    };
-    let entries: Option<Vec<(String, i64)>> = text.split(',').map(entry).collect();
-    let Some(entries) = entries else {
-        return Err(invalid(
-            "must be <group>=<slots> entries separated by commas, slots an integer >= 1".into(),
-        ));
-    };
-    if let Some(twice) = first_repeated(entries.iter().map(|(name, _)| name.as_str())) {
-        return Err(invalid(format!(
-            "must name each worker group once: {} is named twice",
-            go_quote(twice)
-        )));
+    /// The annotation `key` as `parse` reads it; `None` when absent, or when it does not parse
+    /// (an Invalid-value error with `detail`).
+    fn parsed<T>(
+        &mut self,
+        key: &str,
+        parse: impl FnOnce(&str) -> Option<T>,
+        detail: &str,
+    ) -> Option<T> {
+        let text = self.text(key)?;
+        let value = parse(text);
+        if value.is_none() {
+            self.invalid(key, text, detail);
+        }
+        value
     }
-    let unknown = groups.and_then(|groups| {
-        entries
+
+    /// The annotation `key`, one of `choices`' texts; `None` when absent, or when it is none of
+    /// them (an Unsupported-value error listing them).
+    fn one_of<T: Copy>(&mut self, key: &str, choices: &[(&'static str, T)]) -> Option<T> {
+        let text = self.text(key)?;
+        let value = choices
             .iter()
-            .find(|(name, _)| !groups.contains(name))
-            .map(|(name, _)| name)
-    });
-    if let Some(unknown) = unknown {
-        return Err(invalid(format!(
-            "must name worker groups of {WORKER_GROUPS_ANNOTATION}: {} is not one",
-            go_quote(unknown)
-        )));
+            .find(|(name, _)| *name == text)
+            .map(|(_, v)| *v);
+        if value.is_none() {
+            let names: Vec<&str> = choices.iter().map(|(name, _)| *name).collect();
+            self.errors.push(FieldError::unsupported(
+                annotation_field(key),
+                BadValue::Str(text.to_string()),
+                &names,
+            ));
+        }
+        value
     }
-    Ok(entries)
+
+    /// The annotation `key`, `true` or `false`: the one boolean parser of the settings.
+    fn flag(&mut self, key: &str) -> Option<bool> {
+        self.one_of(key, &BOOLEAN)
+    }
+
+    /// The worker groups `mpi-webhook.io/worker-groups` names, in order (spaces around a name
+    /// ignored), or `node` when it is absent; `None` when it does not parse (an Invalid-value
+    /// error for an empty list or name, a name given twice, or the launcher). Whether each names
+    /// a replicatedJob of the JobSet is the rules' to say: the metadata does not know.
+    fn worker_groups(&mut self) -> Option<Vec<String>> {
+        let Some(text) = self.text(WORKER_GROUPS_ANNOTATION) else {
+            return Some(vec![NODE.to_string()]);
+        };
+        let names: Vec<String> = text.split(',').map(|n| n.trim().to_string()).collect();
+        let detail = if names.iter().any(String::is_empty) {
+            "must be replicatedJob names separated by commas".to_string()
+        } else if let Some(twice) = first_repeated(names.iter().map(String::as_str)) {
+            format!(
+                "must name each replicatedJob once: {} is named twice",
+                go_quote(twice)
+            )
+        } else if names.iter().any(|n| n == LAUNCHER) {
+            // The launcher is a host only through run-launcher-as-node, which also gives it its
+            // line's place and its env; as a group it would get the workers' sshd command
+            // instead of mpirun.
+            format!(
+                "must not name the launcher: set {RUN_LAUNCHER_AS_NODE_ANNOTATION} to make it a host too"
+            )
+        } else {
+            return Some(names);
+        };
+        self.invalid(WORKER_GROUPS_ANNOTATION, text, detail);
+        None
+    }
+
+    /// The `<group>=<N>` entries of `mpi-webhook.io/slots-per-group`, in order; none when it is
+    /// absent or does not parse (an Invalid-value error for an entry that does not parse, a
+    /// group given twice, or one that is not a worker group). `groups`: the worker groups, when
+    /// they parse (else an entry's group is not checked).
+    fn slots_per_group(&mut self, groups: Option<&[String]>) -> Vec<(String, i64)> {
+        let Some(text) = self.text(SLOTS_PER_GROUP_ANNOTATION) else {
+            return Vec::new();
+        };
+        let entry = |item: &str| {
+            let (name, slots) = item.split_once('=')?;
+            let slots = slots.trim().parse::<i64>().ok().filter(|n| *n >= 1)?;
+            Some((name.trim().to_string(), slots)).filter(|(name, _)| !name.is_empty())
+        };
+        let entries: Option<Vec<(String, i64)>> = text.split(',').map(entry).collect();
+        let detail = match entries {
+            None => "must be <group>=<slots> entries separated by commas, slots an integer >= 1"
+                .to_string(),
+            Some(entries) => {
+                let twice = first_repeated(entries.iter().map(|(name, _)| name.as_str()));
+                let unknown = groups.and_then(|groups| {
+                    entries
+                        .iter()
+                        .find(|(name, _)| !groups.contains(name))
+                        .map(|(name, _)| name)
+                });
+                match (twice, unknown) {
+                    (Some(twice), _) => format!(
+                        "must name each worker group once: {} is named twice",
+                        go_quote(twice)
+                    ),
+                    (None, Some(unknown)) => format!(
+                        "must name worker groups of {WORKER_GROUPS_ANNOTATION}: {} is not one",
+                        go_quote(unknown)
+                    ),
+                    (None, None) => return entries,
+                }
+            }
+        };
+        self.invalid(SLOTS_PER_GROUP_ANNOTATION, text, detail);
+        Vec::new()
+    }
 }
 
 /// The first name of `names` that an earlier one repeats.
@@ -398,21 +436,37 @@ fn first_repeated<'n>(names: impl Iterator<Item = &'n str>) -> Option<&'n str> {
     names.into_iter().find(|name| !seen.insert(*name))
 }
 
-/// The network-policy annotation: `Some(true)`, `Some(false)`, or `None` when absent.
-///
-/// # Errors
-/// An Unsupported-value field error for any other text.
-pub fn network_policy(metadata: &ObjectMeta) -> Result<Option<bool>, Box<FieldError>> {
-    match annotation(metadata, NETWORK_POLICY_ANNOTATION) {
-        None => Ok(None),
-        Some("true") => Ok(Some(true)),
-        Some("false") => Ok(Some(false)),
-        Some(other) => Err(Box::new(FieldError::unsupported(
-            annotation_field(NETWORK_POLICY_ANNOTATION),
-            BadValue::Str(other.to_string()),
-            &["true", "false"],
-        ))),
-    }
+/// The label on a JobSet a TrainJob controls: denied, its policy comes from the runtime.
+pub fn label_on_train_job_error(metadata: &ObjectMeta) -> Option<FieldError> {
+    let value = label(metadata)?;
+    Some(FieldError::invalid(
+        label_field(IMPLEMENTATION_LABEL),
+        BadValue::Str(value.to_string()),
+        "must not be set on a JobSet owned by a TrainJob: its MPI policy comes from the TrainJob's runtime",
+    ))
+}
+
+/// On UPDATE: any change of the label or of a setting annotation, added, changed or removed
+/// (the wiring is fixed at creation). An absent value reads as `""`, as Go reads a map.
+pub fn immutable_errors(old: &ObjectMeta, new: &ObjectMeta) -> Vec<FieldError> {
+    let changed = |field: String, old: Option<&str>, new: Option<&str>| {
+        (old != new).then(|| {
+            FieldError::invalid(
+                field,
+                BadValue::Str(new.unwrap_or_default().to_string()),
+                "field is immutable",
+            )
+        })
+    };
+    let label_error = changed(label_field(IMPLEMENTATION_LABEL), label(old), label(new));
+    let annotation_errors = SETTING_ANNOTATIONS.iter().filter_map(|key| {
+        changed(
+            annotation_field(key),
+            annotation(old, key),
+            annotation(new, key),
+        )
+    });
+    label_error.into_iter().chain(annotation_errors).collect()
 }
 
 #[cfg(test)]
@@ -451,7 +505,7 @@ mod tests {
             Settings {
                 implementation: implementation::lookup("Intel").expect("Intel"),
                 slots_per_node: None,
-                ssh_auth_mount_path: "/root/.ssh".into(),
+                ssh_auth_mount_path_annotation: None,
                 run_launcher_as_node: false,
                 container: None,
                 network_policy: None,
@@ -459,9 +513,11 @@ mod tests {
                 ssh_setup: SshSetup::Generated,
                 preflight: true,
                 worker_groups: vec!["node".into()],
+                worker_groups_annotation: None,
                 slots_per_group: Vec::new(),
             }
         );
+        assert_eq!(settings.ssh_auth_mount_path(), "/root/.ssh");
         let image = super::settings(&metadata(json!({
             "labels": {IMPLEMENTATION_LABEL: "Intel"},
             "annotations": {SSH_SETUP_ANNOTATION: "image"}
@@ -501,5 +557,91 @@ mod tests {
                 "metadata.annotations[mpi-webhook.io/run-launcher-as-node]"
             ]
         );
+    }
+
+    #[test]
+    fn one_pass_reports_each_bad_value_once_in_the_contracts_order_with_defaults_standing_in() {
+        let read = Read::new(
+            &metadata(json!({
+                "labels": {IMPLEMENTATION_LABEL: "LAM"},
+                "annotations": {
+                    SLOTS_PER_NODE_ANNOTATION: "0", SSH_AUTH_MOUNT_PATH_ANNOTATION: "ssh",
+                    RUN_LAUNCHER_AS_NODE_ANNOTATION: "yes", CONTAINER_ANNOTATION: "mpi",
+                    NETWORK_POLICY_ANNOTATION: "on", SSH_SETUP_ANNOTATION: "sshd",
+                    SSH_PORT_ANNOTATION: "0", PREFLIGHT_ANNOTATION: "no",
+                    WORKER_GROUPS_ANNOTATION: ",", SLOTS_PER_GROUP_ANNOTATION: "a"
+                }
+            })),
+            |_| SshSetup::Generated,
+        );
+        let fields: Vec<&str> = read.errors.iter().map(|e| e.field.as_str()).collect();
+        let mut expected = vec![label_field(IMPLEMENTATION_LABEL)];
+        expected.extend(
+            [
+                SLOTS_PER_NODE_ANNOTATION,
+                SSH_AUTH_MOUNT_PATH_ANNOTATION,
+                RUN_LAUNCHER_AS_NODE_ANNOTATION,
+                NETWORK_POLICY_ANNOTATION,
+                SSH_SETUP_ANNOTATION,
+                SSH_PORT_ANNOTATION,
+                PREFLIGHT_ANNOTATION,
+                WORKER_GROUPS_ANNOTATION,
+                SLOTS_PER_GROUP_ANNOTATION,
+            ]
+            .map(annotation_field),
+        );
+        assert_eq!(fields, expected);
+        assert!(read.bad(SSH_SETUP_ANNOTATION) && !read.bad(CONTAINER_ANNOTATION));
+        let settings = &read.settings;
+        assert_eq!(
+            (
+                settings.run_launcher_as_node,
+                settings.preflight,
+                settings.network_policy,
+                settings.ssh_port,
+                settings.worker_groups.as_slice(),
+                settings.container.as_deref(),
+            ),
+            (
+                false,
+                true,
+                None,
+                2222,
+                &["node".to_string()][..],
+                Some("mpi")
+            )
+        );
+        assert_eq!(
+            read.errors[3].to_string(),
+            "metadata.annotations[mpi-webhook.io/run-launcher-as-node]: Unsupported value: \"yes\": supported values: \"true\", \"false\""
+        );
+        assert!(read.into_result().is_err());
+    }
+
+    #[test]
+    fn an_unset_ssh_setup_is_asked_of_the_caller_with_the_wired_container() {
+        let read = Read::new(
+            &metadata(json!({
+                "labels": {IMPLEMENTATION_LABEL: "MPICH"},
+                "annotations": {CONTAINER_ANNOTATION: "mpi"}
+            })),
+            |container| {
+                assert_eq!(container, Some("mpi"));
+                SshSetup::Image
+            },
+        );
+        let settings = read.into_result().expect("parses");
+        assert_eq!(
+            (settings.ssh_setup, settings.ssh_port),
+            (SshSetup::Image, 22)
+        );
+        let set = Read::new(
+            &metadata(json!({
+                "labels": {IMPLEMENTATION_LABEL: "MPICH"},
+                "annotations": {SSH_SETUP_ANNOTATION: "generated"}
+            })),
+            |_| panic!("not asked when the annotation is set"),
+        );
+        assert_eq!(set.settings.ssh_setup, SshSetup::Generated);
     }
 }

@@ -1,18 +1,25 @@
-//! JobSet mode's admission rules: what a JobSet-mode JobSet must look like on CREATE, the
-//! warnings it gets, and the settings fixed on UPDATE. Built on the settings and the plan.
+//! JobSet mode's admission rules: what a JobSet-mode JobSet must look like on CREATE and the
+//! warnings it gets. Built on [`super::jobset_mode`]'s settings, read once ([`Read`]), and on the
+//! plan, the hostfile and TrainJob mode's env rule, above them all; the rules never read the
+//! label or the annotations themselves.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::api::jobset::{JobSet, ReplicatedJob};
 use crate::field_error::{BadValue, FieldError, go_quote};
 use crate::mpi::hostfile::{check_hostfile_size, host_name_too_long};
-use crate::mpi::plan::{MpiPlan, WiredContainer};
+use crate::mpi::plan::{MpiPlan, Options, WiredContainer};
 use crate::mpi::validate::reserved_env_names_error;
 use crate::mpi::{HOSTFILE_PATH, LAUNCHER, NODE, SSH_AUTH_VOLUME};
 use crate::raw_json::RawJson;
 
-use super::settings::*;
+use super::jobset_mode::settings::*;
+
+fn replicated_job_field(index: usize, rest: &str) -> String {
+    format!("spec.replicatedJobs[{index}]{rest}")
+}
+
+const CONTAINERS: &str = ".template.spec.template.spec.containers";
 
 /// What admission makes of a JobSet-mode JobSet.
 #[derive(Debug, Default)]
@@ -27,32 +34,31 @@ pub struct Checked {
 
 /// The admission rules of JobSet mode on CREATE and UPDATE (the label and annotations on UPDATE
 /// are [`immutable_errors`]'s). `raw` is the JobSet as the client sent it, for the env list the
-/// reserved-env error quotes.
-pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
+/// reserved-env error quotes; `options` complete the plan.
+pub fn check(jobset: &JobSet, raw: &RawJson<'_>, options: &Options) -> Checked {
     let mut checked = Checked::default();
     let errors = &mut checked.errors;
     let launcher = jobset.replicated_job(LAUNCHER);
+    let read = Read::new(&jobset.metadata, |container| {
+        if wired_by_image(launcher, raw, container) {
+            SshSetup::Image
+        } else {
+            SshSetup::Generated
+        }
+    });
+    let settings = &read.settings;
     // The worker groups (Decision 20) found in the JobSet, in the groups' order; when the
     // annotation does not parse, `node` stands in for the checks of its pods (the settings
     // report the annotation).
-    let named = worker_groups(&jobset.metadata);
-    let groups = named
-        .as_ref()
-        .map_or_else(|_| vec![NODE.to_string()], Clone::clone);
+    let groups = &settings.worker_groups;
+    let groups_parse = !read.bad(WORKER_GROUPS_ANNOTATION);
     let found: Vec<(&str, Found<'_>)> = groups
         .iter()
         .map(|name| (name.as_str(), jobset.replicated_job(name)))
         .collect();
     let group_jobs: Vec<Found<'_>> = found.iter().map(|(_, rjob)| *rjob).collect();
-    let unset = if wired_by_image(jobset, launcher, raw) {
-        SshSetup::Image
-    } else {
-        SshSetup::Generated
-    };
-    let settings = settings_with(&jobset.metadata, unset)
-        .map_err(|e| errors.extend(e))
-        .ok();
-    errors.extend(ssh_auth_mount_path_error(&jobset.metadata, unset));
+    errors.extend(read.errors.iter().cloned());
+    errors.extend(ssh_auth_mount_path_error(&read));
     if jobset.name().is_empty() {
         errors.push(FieldError::required(
             "metadata.name",
@@ -61,16 +67,16 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
     }
     errors.extend(network_error(jobset));
     errors.extend(shape_errors(
-        jobset,
+        settings,
         launcher,
-        named.is_ok().then_some(&found[..]),
+        groups_parse.then_some(&found[..]),
     ));
     errors.extend(container_errors(
-        jobset,
+        settings,
         std::iter::once(launcher).chain(group_jobs.iter().copied()),
     ));
-    if let Some(settings) = settings {
-        let plan = MpiPlan::from_settings(jobset, settings);
+    if read.errors.is_empty() {
+        let plan = MpiPlan::from_settings(jobset, settings.clone(), options);
         if let Some((i, rjob)) = launcher {
             errors.extend(reserved_env_error(i, rjob, raw, &plan));
             checked
@@ -87,7 +93,7 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
         .collect();
     if let Some((i, rjob)) = launcher
         && !present.is_empty()
-        && !waits_for_ready_groups(rjob, &groups)
+        && !waits_for_ready_groups(rjob, groups)
     {
         let unset = rjob.depends_on.is_none();
         let after: Vec<&str> = present
@@ -99,9 +105,7 @@ pub fn check(jobset: &JobSet, raw: &RawJson<'_>) -> Checked {
         // of.
         if !unset || !after.is_empty() {
             let after = if unset { after } else { Vec::new() };
-            checked
-                .warnings
-                .push(dependency_warning(i, &groups, &after));
+            checked.warnings.push(dependency_warning(i, groups, &after));
         }
     }
     checked
@@ -164,11 +168,11 @@ fn dependency_warning(i: usize, groups: &[String], after: &[&str]) -> String {
 /// Whether the launcher's wired container already mounts the SSH Secret: a JobSet the webhook
 /// wired before `generated` was the default, which stays `image` for its UPDATEs (only the init
 /// container mounts the Secret under `generated`).
-fn wired_by_image(jobset: &JobSet, launcher: Found<'_>, raw: &RawJson<'_>) -> bool {
+fn wired_by_image(launcher: Found<'_>, raw: &RawJson<'_>, container: Option<&str>) -> bool {
     let Some((i, rjob)) = launcher else {
         return false;
     };
-    let wired = WiredContainer::for_jobset(container(&jobset.metadata));
+    let wired = WiredContainer::for_jobset(container);
     let Some((c, _)) = wired.container_in(rjob) else {
         return false;
     };
@@ -182,13 +186,12 @@ fn wired_by_image(jobset: &JobSet, launcher: Found<'_>, raw: &RawJson<'_>) -> bo
         .any(|m| m.get("name").and_then(Value::as_str) == Some(SSH_AUTH_VOLUME))
 }
 
-/// `ssh-auth-mount-path` means nothing under `generated`: the key is no longer mounted there.
-fn ssh_auth_mount_path_error(metadata: &ObjectMeta, unset: SshSetup) -> Option<FieldError> {
-    let path = annotation(metadata, SSH_AUTH_MOUNT_PATH_ANNOTATION)?;
-    let generated = match annotation(metadata, SSH_SETUP_ANNOTATION) {
-        None => unset == SshSetup::Generated,
-        Some(value) => value == "generated",
-    };
+/// `ssh-auth-mount-path` means nothing under `generated`: the key is no longer mounted there
+/// (an `ssh-setup` that does not parse says nothing of it).
+fn ssh_auth_mount_path_error(read: &Read) -> Option<FieldError> {
+    let path = read.settings.ssh_auth_mount_path_annotation.as_deref()?;
+    let generated =
+        read.settings.ssh_setup == SshSetup::Generated && !read.bad(SSH_SETUP_ANNOTATION);
     generated.then(|| {
         FieldError::invalid(
             annotation_field(SSH_AUTH_MOUNT_PATH_ANNOTATION),
@@ -219,7 +222,7 @@ fn network_error(jobset: &JobSet) -> Option<FieldError> {
 /// `mpi-webhook.io/worker-groups`, every group it names (`groups`: each with its replicatedJob,
 /// `None` when the annotation does not parse, which the settings report).
 fn shape_errors(
-    jobset: &JobSet,
+    settings: &Settings,
     launcher: Found<'_>,
     groups: Option<&[(&str, Found<'_>)]>,
 ) -> Vec<FieldError> {
@@ -230,7 +233,7 @@ fn shape_errors(
             format!("JobSet mode needs a replicatedJob named {LAUNCHER:?}"),
         )],
     };
-    if let Some(text) = annotation(&jobset.metadata, WORKER_GROUPS_ANNOTATION) {
+    if let Some(text) = &settings.worker_groups_annotation {
         // Named groups must all exist, with or without the launcher as a node: a missing one
         // is a typo, not a shape.
         let missing = groups
@@ -249,10 +252,8 @@ fn shape_errors(
         }));
         return errors;
     }
-    let run_launcher_as_node =
-        annotation(&jobset.metadata, RUN_LAUNCHER_AS_NODE_ANNOTATION) == Some("true");
     let node = groups.into_iter().flatten().find_map(|(_, rjob)| *rjob);
-    if node.is_none() && !run_launcher_as_node {
+    if node.is_none() && !settings.run_launcher_as_node {
         errors.push(FieldError::required(
             "spec.replicatedJobs",
             format!(
@@ -265,10 +266,10 @@ fn shape_errors(
 
 /// The wired container exists in the launcher's and every worker group's pod templates.
 fn container_errors<'j>(
-    jobset: &JobSet,
+    settings: &Settings,
     rjobs: impl IntoIterator<Item = Found<'j>>,
 ) -> Vec<FieldError> {
-    let wired = WiredContainer::for_jobset(container(&jobset.metadata));
+    let wired = WiredContainer::for_jobset(settings.container.as_deref());
     rjobs
         .into_iter()
         .flatten()
@@ -378,37 +379,4 @@ fn waits_for_ready_groups(launcher: &ReplicatedJob, groups: &[String]) -> bool {
             .flatten()
             .any(|d| &d.name == group && d.status == "Ready")
     })
-}
-
-/// The label on a JobSet a TrainJob controls: denied, its policy comes from the runtime.
-pub fn label_on_train_job_error(metadata: &ObjectMeta) -> Option<FieldError> {
-    let value = label(metadata)?;
-    Some(FieldError::invalid(
-        label_field(IMPLEMENTATION_LABEL),
-        BadValue::Str(value.to_string()),
-        "must not be set on a JobSet owned by a TrainJob: its MPI policy comes from the TrainJob's runtime",
-    ))
-}
-
-/// On UPDATE: any change of the label or of a setting annotation, added, changed or removed
-/// (the wiring is fixed at creation). An absent value reads as `""`, as Go reads a map.
-pub fn immutable_errors(old: &ObjectMeta, new: &ObjectMeta) -> Vec<FieldError> {
-    let changed = |field: String, old: Option<&str>, new: Option<&str>| {
-        (old != new).then(|| {
-            FieldError::invalid(
-                field,
-                BadValue::Str(new.unwrap_or_default().to_string()),
-                "field is immutable",
-            )
-        })
-    };
-    let label_error = changed(label_field(IMPLEMENTATION_LABEL), label(old), label(new));
-    let annotation_errors = SETTING_ANNOTATIONS.iter().filter_map(|key| {
-        changed(
-            annotation_field(key),
-            annotation(old, key),
-            annotation(new, key),
-        )
-    });
-    label_error.into_iter().chain(annotation_errors).collect()
 }
