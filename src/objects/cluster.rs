@@ -10,9 +10,10 @@ use std::future::Future;
 use std::hash::Hash;
 use std::sync::Arc;
 
+use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -134,44 +135,156 @@ pub fn watch_config() -> watcher::Config {
     watcher::Config::default().any_semantic()
 }
 
-/// Feeds a watcher stream into `writer`'s store, [`retried`] and [`trimmed`]. The stream must be
-/// polled for the store to fill.
-pub fn reflect<K, S>(
-    stream: S,
-    writer: Writer<K>,
-    resource: &'static str,
-    metrics: &CacheMetrics,
-) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static + use<K, S>
-where
-    K: Resource + Clone + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
-    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
-{
-    retried(stream, resource, metrics)
-        .modify(trimmed)
-        .reflect(writer)
+/// Events one watch may hold for its slowest subscriber before it stops reading: a controller
+/// moves each one into its queue at once, so this only absorbs bursts (a relist of 10,000
+/// objects announces each of them). With no subscriber (`serve`) nothing is held.
+const SUBSCRIBER_BUFFER: usize = 1024;
+
+/// Called with each event of a watch once its cache applied the event.
+pub type Observer<K> = Box<dyn Fn(&watcher::Event<K>) + Send + Sync>;
+
+/// What one watch is of: every `K` in the cluster (its API and dynamic type) selected by
+/// `config`, named `resource` in logs and metrics, each object cut by `trim` (besides
+/// [`trimmed`]) before it is stored.
+pub struct Watch<K: Resource> {
+    /// The cluster-wide API of the kind.
+    pub api: Api<K>,
+    /// Its dynamic type (the runtime kind, or `()`).
+    pub dyntype: K::DynamicType,
+    /// The list and watch parameters: [`watch_config`], with a label selector or not.
+    pub config: watcher::Config,
+    /// The plural resource name, for logs and metrics.
+    pub resource: &'static str,
+    /// What the cache drops of each object besides [`trimmed`]'s.
+    pub trim: fn(&mut K),
 }
 
-/// Drives one cluster-wide watch into `writer` until the process ends, each object cut by
-/// `trim` (besides [`trimmed`]) before it is stored.
-fn watch_all<K>(
-    api: Api<K>,
-    writer: Writer<K>,
-    resource: &'static str,
-    metrics: &CacheMetrics,
-    trim: fn(&mut K),
-) -> impl Future<Output = ()> + Send + 'static + use<K>
+/// One watched kind: its cache, and a stream of the objects its watch applies.
+pub struct Watched<K: Resource + Clone + 'static>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    K::DynamicType: Eq + Hash + Clone,
 {
-    reflect(
-        watcher(api, watch_config()).modify(trim),
-        writer,
-        resource,
-        metrics,
-    )
-    .for_each(|_| futures::future::ready(()))
+    /// The cache.
+    pub store: Store<K>,
+    /// The objects the watch applied (added, changed, and all of them after each list), for a
+    /// controller; clone it for each further one, drop it when nobody reads it (`serve`). A
+    /// deleted object is only shown to the [`Observer`] (kube-rs#1590).
+    pub stream: ReflectHandle<K>,
+}
+
+/// **The one owner of a process's watches**: each kind is watched once, as a shared reflector
+/// (one watch feeds one cache, and every controller subscribes to that watch instead of opening
+/// its own). `serve` and `reconcile` both build theirs here; [`Self::run`] drives them all.
+pub struct Watches {
+    client: Client,
+    metrics: CacheMetrics,
+    drivers: Vec<BoxFuture<'static, ()>>,
+}
+
+impl Watches {
+    /// No watch yet, over `client`, counting failures and misses in `metrics`.
+    pub fn new(client: Client, metrics: CacheMetrics) -> Self {
+        Self {
+            client,
+            metrics,
+            drivers: Vec::new(),
+        }
+    }
+
+    /// The client the watches use.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Adds the watch `what`, with `observe` called with each of its events after the cache
+    /// applied it. Every clone of the returned stream must be polled (or dropped): a full
+    /// buffer pauses the watch for everybody.
+    pub fn watch<K>(&mut self, what: Watch<K>, observe: Option<Observer<K>>) -> Watched<K>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
+    {
+        let writer = Writer::new_shared(SUBSCRIBER_BUFFER, what.dyntype);
+        let store = writer.as_reader();
+        // Subscribed before the watch starts: a later subscriber would miss the first list.
+        let stream = writer
+            .subscribe()
+            .expect("a writer made by `new_shared` can be subscribed to");
+        let events = retried(
+            watcher(what.api, what.config).modify(what.trim),
+            what.resource,
+            &self.metrics,
+        )
+        .modify(trimmed)
+        .reflect_shared(writer);
+        let driver = events.for_each(move |event| {
+            if let (Ok(event), Some(observe)) = (&event, &observe) {
+                observe(event);
+            }
+            futures::future::ready(())
+        });
+        self.drivers.push(driver.boxed());
+        Watched { store, stream }
+    }
+
+    /// TrainJobs (their identity and spec: what admission and the reconciler read) and both
+    /// runtime kinds (whole: their labels and annotations are read), as a [`ClusterObjects`],
+    /// and the streams of each.
+    pub fn objects(&mut self) -> (ClusterObjects, ObjectStreams) {
+        let jobs = self.watch(
+            Watch {
+                api: Api::all(self.client.clone()),
+                dyntype: (),
+                config: watch_config(),
+                resource: "trainjobs",
+                trim: identity,
+            },
+            None,
+        );
+        let mut runtime = |kind: RuntimeKind| {
+            self.watch(
+                Watch {
+                    api: Api::<TrainingRuntime>::all_with(self.client.clone(), &kind),
+                    dyntype: kind,
+                    config: watch_config(),
+                    resource: kind.resource(),
+                    trim: |_| {},
+                },
+                None,
+            )
+        };
+        let local = runtime(RuntimeKind::TrainingRuntime);
+        let cluster = runtime(RuntimeKind::ClusterTrainingRuntime);
+        let objects = ClusterObjects::from_stores(
+            self.client.clone(),
+            jobs.store,
+            local.store,
+            cluster.store,
+            self.metrics.clone(),
+        );
+        let streams = ObjectStreams {
+            train_jobs: jobs.stream,
+            training_runtimes: local.stream,
+            cluster_training_runtimes: cluster.stream,
+        };
+        (objects, streams)
+    }
+
+    /// Drives every watch until the future is dropped (a failed watch reconnects with backoff
+    /// inside it, so it never ends): the caches stay empty until it runs.
+    pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
+        futures::future::join_all(self.drivers).map(|_| ())
+    }
+}
+
+/// The streams of [`Watches::objects`] (see [`Watched::stream`]).
+pub struct ObjectStreams {
+    /// TrainJobs.
+    pub train_jobs: ReflectHandle<TrainJob>,
+    /// TrainingRuntimes.
+    pub training_runtimes: ReflectHandle<TrainingRuntime>,
+    /// ClusterTrainingRuntimes.
+    pub cluster_training_runtimes: ReflectHandle<TrainingRuntime>,
 }
 
 /// Watch-backed TrainJob and runtime lookups with a GET fallback. Cheap to clone.
@@ -185,32 +298,20 @@ pub struct ClusterObjects {
 }
 
 impl ClusterObjects {
-    /// Starts watching TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes in every
-    /// namespace. Returns the source and the future that drives the three watches: spawn it
-    /// (the caches stay empty, and [`Self::synced`] pending, until it runs).
+    /// `serve`'s watches: TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes in every
+    /// namespace ([`Watches::objects`], nobody subscribed). Returns the source and the future
+    /// that drives the three watches: spawn it (the caches stay empty, and [`Self::synced`]
+    /// pending, until it runs).
     pub fn watch(
         client: Client,
         metrics: CacheMetrics,
     ) -> (Self, impl Future<Output = ()> + Send + 'static + use<>) {
-        let jobs = Writer::<TrainJob>::new(());
-        let jobs_store = jobs.as_reader();
-        // Admission reads a TrainJob's spec, name, namespace and UID only.
-        let jobs = watch_all(
-            Api::all(client.clone()),
-            jobs,
-            "trainjobs",
-            &metrics,
-            identity,
-        );
-        let (local_store, local) = runtime_watch(&client, RuntimeKind::TrainingRuntime, &metrics);
-        let (cluster_store, cluster) =
-            runtime_watch(&client, RuntimeKind::ClusterTrainingRuntime, &metrics);
-        let objects = Self::from_stores(client, jobs_store, local_store, cluster_store, metrics);
-        let driver = futures::future::join3(jobs, local, cluster).map(|_| ());
-        (objects, driver)
+        let mut watches = Watches::new(client, metrics);
+        let (objects, _nobody_reads) = watches.objects();
+        (objects, watches.run())
     }
 
-    /// A source over stores filled elsewhere (the reconciler feeds them from its own watches).
+    /// A source over stores filled elsewhere ([`Watches::objects`], or a test's).
     pub fn from_stores(
         client: Client,
         train_jobs: Store<TrainJob>,
@@ -240,6 +341,11 @@ impl ClusterObjects {
     /// Whether all three caches hold their initial list, without waiting.
     pub fn is_synced(&self) -> bool {
         matches!(self.synced().now_or_never(), Some(Ok(())))
+    }
+
+    /// The TrainJob cache.
+    pub fn train_jobs(&self) -> Store<TrainJob> {
+        self.train_jobs.clone()
     }
 
     /// A TrainJob from the cache alone, never a GET: for lookups of names that are mostly not
@@ -276,25 +382,6 @@ impl ClusterObjects {
             .await
             .map_err(|source| LookupError::Api { what, source })
     }
-}
-
-fn runtime_watch(
-    client: &Client,
-    kind: RuntimeKind,
-    metrics: &CacheMetrics,
-) -> (
-    Store<TrainingRuntime>,
-    impl Future<Output = ()> + Send + 'static + use<>,
-) {
-    let writer = Writer::<TrainingRuntime>::new(kind);
-    let store = writer.as_reader();
-    let api = Api::<TrainingRuntime>::all_with(client.clone(), &kind);
-    // A runtime is read whole (its labels and annotations included).
-    let keep = |_: &mut TrainingRuntime| {};
-    (
-        store,
-        watch_all(api, writer, kind.resource(), metrics, keep),
-    )
 }
 
 impl ObjectSource for ClusterObjects {
