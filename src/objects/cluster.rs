@@ -131,9 +131,19 @@ pub fn identity<K: Resource>(object: &mut K) {
 /// cache (`resourceVersion=0`, as client-go's informers list), not by a quorum read that
 /// decodes every object from etcd again (7% of the API server's CPU in a profile of the
 /// reconciler's start at 10,000 TrainJobs). Only the list changes; the watch after it does not.
+///
+/// Its pages hold [`LIST_PAGE`] objects, not client-go's 500: a page is decoded whole, each
+/// object with its `managedFields` (as `serde_json` values, a map per field) before they are
+/// dropped, and a page of 500 JobSets made 7.7 of the reconciler's 12.8 MiB heap peak at 2,000
+/// JobSet-mode JobSets.
 pub fn watch_config() -> watcher::Config {
-    watcher::Config::default().any_semantic()
+    watcher::Config::default()
+        .any_semantic()
+        .page_size(LIST_PAGE)
 }
+
+/// Objects per page of a watch's list (see [`watch_config`]).
+const LIST_PAGE: u32 = 100;
 
 /// Events one watch may hold for its slowest subscriber before it stops reading: a controller
 /// moves each one into its queue at once, so this only absorbs bursts (a relist of 10,000
