@@ -18,8 +18,10 @@
 //!    the bench), then waits until it is quiet (no reconcile finished for 2 s);
 //! 5. prints the time beside both floors, the API server's CPU time in each, the writes per job (the apiserver's own
 //!    `apiserver_request_total` of POST, PUT, PATCH, APPLY (server-side apply) and DELETE on Secrets, ConfigMaps, Events and
-//!    NetworkPolicies during step 4; Lease renewals are left out), and the peak RSS (`VmHWM`) of
-//!    both processes.
+//!    NetworkPolicies during step 4; Lease renewals are left out), the peak RSS (`VmHWM`) of
+//!    both processes, and the watches each one opened (the apiserver's own
+//!    `apiserver_longrunning_requests{verb="WATCH"}`, by resource, read before and after it
+//!    started).
 //!
 //! Every process it starts is stopped at the end of its case, on failure too (a guard kills it);
 //! every wait is bounded (`SCALE_TIMEOUT_S`, default 300 s, for each step). Without

@@ -6,13 +6,10 @@ use serde_json::Value;
 
 use super::jobset::JobSetTemplateSpec;
 
-/// Which of the two runtime kinds an object is (they share one spec). The `Default` is only
-/// there because kube's shared reflector streams ask for one; every cache of runtimes is
-/// made with its kind named.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// Which of the two runtime kinds an object is (they share one spec).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RuntimeKind {
     /// Namespaced `TrainingRuntime`.
-    #[default]
     TrainingRuntime,
     /// Cluster-scoped `ClusterTrainingRuntime`.
     ClusterTrainingRuntime,

@@ -1,6 +1,8 @@
-//! The cluster [`ObjectSource`]: reflector caches of TrainJobs, TrainingRuntimes and
-//! ClusterTrainingRuntimes, so admission answers from memory; a cache miss falls back to one GET
-//! (the TrainJob that owns a new JobSet is often only milliseconds old and not yet in the cache).
+//! The watches of both processes ([`Watches`]: each kind watched once per process, as a shared
+//! reflector), and the cluster [`ObjectSource`] over three of them: caches of TrainJobs,
+//! TrainingRuntimes and ClusterTrainingRuntimes, so admission answers from memory; a cache miss
+//! falls back to one GET (the TrainJob that owns a new JobSet is often only milliseconds old and
+//! not yet in the cache).
 //!
 //! A broken watch reconnects with kube's default exponential backoff; every failure is logged
 //! and counted in `mpi_webhook_watch_errors_total{resource}`.
@@ -13,7 +15,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::runtime::reflector::{ObjectRef, ReflectHandle, Store, store::Writer};
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -145,12 +147,8 @@ pub fn watch_config() -> watcher::Config {
 /// Objects per page of a watch's list (see [`watch_config`]).
 const LIST_PAGE: u32 = 100;
 
-/// Events one watch may hold for its slowest subscriber before it stops reading: a controller
-/// moves each one into its queue at once, so this only absorbs bursts (a relist of 10,000
-/// objects announces each of them). With no subscriber (`serve`) nothing is held.
-const SUBSCRIBER_BUFFER: usize = 1024;
-
-/// Called with each event of a watch once its cache applied the event.
+/// Called with each event of a watch once its cache applied the event: how a controller
+/// hears of the objects (see [`Watches`]).
 pub type Observer<K> = Box<dyn Fn(&watcher::Event<K>) + Send + Sync>;
 
 /// What one watch is of: every `K` in the cluster (its API and dynamic type) selected by
@@ -169,22 +167,16 @@ pub struct Watch<K: Resource> {
     pub trim: fn(&mut K),
 }
 
-/// One watched kind: its cache, and a stream of the objects its watch applies.
-pub struct Watched<K: Resource + Clone + 'static>
-where
-    K::DynamicType: Eq + Hash + Clone,
-{
-    /// The cache.
-    pub store: Store<K>,
-    /// The objects the watch applied (added, changed, and all of them after each list), for a
-    /// controller; clone it for each further one, drop it when nobody reads it (`serve`). A
-    /// deleted object is only shown to the [`Observer`] (kube-rs#1590).
-    pub stream: ReflectHandle<K>,
-}
-
-/// **The one owner of a process's watches**: each kind is watched once, as a shared reflector
-/// (one watch feeds one cache, and every controller subscribes to that watch instead of opening
-/// its own). `serve` and `reconcile` both build theirs here; [`Self::run`] drives them all.
+/// **The one owner of a process's watches**: each kind is watched once, into one cache, and
+/// whoever needs the kind reads that cache and hears of its changes from that watch's
+/// [`Observer`] instead of opening a watch of its own. `serve` and `reconcile` both build
+/// theirs here; [`Self::run`] drives them all.
+///
+/// Not kube's shared-stream subscriptions (`store_shared`, `for_shared_stream`): a subscriber
+/// there is shown no deletion (kube-rs#1590), so a deleted Secret of ours would not make its
+/// owner make it again; subscribers are taken only before the watch starts (kube-rs#1630); and
+/// a subscriber whose object is deleted before it reads it returns `Pending` without waiting for
+/// the next one, which leaves it, and then through the shared buffer the watch, stalled.
 pub struct Watches {
     client: Client,
     metrics: CacheMetrics,
@@ -201,32 +193,22 @@ impl Watches {
         }
     }
 
-    /// The client the watches use.
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
     /// Adds the watch `what`, with `observe` called with each of its events after the cache
-    /// applied it. Every clone of the returned stream must be polled (or dropped): a full
-    /// buffer pauses the watch for everybody.
-    pub fn watch<K>(&mut self, what: Watch<K>, observe: Option<Observer<K>>) -> Watched<K>
+    /// applied it; returns the cache.
+    pub fn watch<K>(&mut self, what: Watch<K>, observe: Option<Observer<K>>) -> Store<K>
     where
         K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-        K::DynamicType: Eq + Hash + Clone + Default + Send + Sync,
+        K::DynamicType: Eq + Hash + Clone + Send + Sync,
     {
-        let writer = Writer::new_shared(SUBSCRIBER_BUFFER, what.dyntype);
+        let writer = Writer::new(what.dyntype);
         let store = writer.as_reader();
-        // Subscribed before the watch starts: a later subscriber would miss the first list.
-        let stream = writer
-            .subscribe()
-            .expect("a writer made by `new_shared` can be subscribed to");
         let events = retried(
             watcher(what.api, what.config).modify(what.trim),
             what.resource,
             &self.metrics,
         )
         .modify(trimmed)
-        .reflect_shared(writer);
+        .reflect(writer);
         let driver = events.for_each(move |event| {
             if let (Ok(event), Some(observe)) = (&event, &observe) {
                 observe(event);
@@ -234,50 +216,58 @@ impl Watches {
             futures::future::ready(())
         });
         self.drivers.push(driver.boxed());
-        Watched { store, stream }
+        store
     }
 
-    /// TrainJobs (their identity and spec: what admission and the reconciler read) and both
-    /// runtime kinds (whole: their labels and annotations are read), as a [`ClusterObjects`],
-    /// and the streams of each.
-    pub fn objects(&mut self) -> (ClusterObjects, ObjectStreams) {
-        let jobs = self.watch(
+    /// TrainJobs in every namespace, keeping their identity and spec (what admission and the
+    /// reconciler read).
+    pub fn train_jobs(&mut self, observe: Option<Observer<TrainJob>>) -> Store<TrainJob> {
+        let api = Api::all(self.client.clone());
+        self.watch(
             Watch {
-                api: Api::all(self.client.clone()),
+                api,
                 dyntype: (),
                 config: watch_config(),
                 resource: "trainjobs",
                 trim: identity,
             },
-            None,
-        );
-        let mut runtime = |kind: RuntimeKind| {
-            self.watch(
-                Watch {
-                    api: Api::<TrainingRuntime>::all_with(self.client.clone(), &kind),
-                    dyntype: kind,
-                    config: watch_config(),
-                    resource: kind.resource(),
-                    trim: |_| {},
-                },
-                None,
-            )
-        };
-        let local = runtime(RuntimeKind::TrainingRuntime);
-        let cluster = runtime(RuntimeKind::ClusterTrainingRuntime);
-        let objects = ClusterObjects::from_stores(
+            observe,
+        )
+    }
+
+    /// The runtimes of `kind`, whole (their labels and annotations are read).
+    pub fn runtimes(
+        &mut self,
+        kind: RuntimeKind,
+        observe: Option<Observer<TrainingRuntime>>,
+    ) -> Store<TrainingRuntime> {
+        let api = Api::<TrainingRuntime>::all_with(self.client.clone(), &kind);
+        self.watch(
+            Watch {
+                api,
+                dyntype: kind,
+                config: watch_config(),
+                resource: kind.resource(),
+                trim: |_| {},
+            },
+            observe,
+        )
+    }
+
+    /// A [`ClusterObjects`] over these caches.
+    pub fn objects(
+        &self,
+        train_jobs: Store<TrainJob>,
+        training_runtimes: Store<TrainingRuntime>,
+        cluster_training_runtimes: Store<TrainingRuntime>,
+    ) -> ClusterObjects {
+        ClusterObjects::from_stores(
             self.client.clone(),
-            jobs.store,
-            local.store,
-            cluster.store,
+            train_jobs,
+            training_runtimes,
+            cluster_training_runtimes,
             self.metrics.clone(),
-        );
-        let streams = ObjectStreams {
-            train_jobs: jobs.stream,
-            training_runtimes: local.stream,
-            cluster_training_runtimes: cluster.stream,
-        };
-        (objects, streams)
+        )
     }
 
     /// Drives every watch until the future is dropped (a failed watch reconnects with backoff
@@ -285,16 +275,6 @@ impl Watches {
     pub fn run(self) -> impl Future<Output = ()> + Send + 'static {
         futures::future::join_all(self.drivers).map(|_| ())
     }
-}
-
-/// The streams of [`Watches::objects`] (see [`Watched::stream`]).
-pub struct ObjectStreams {
-    /// TrainJobs.
-    pub train_jobs: ReflectHandle<TrainJob>,
-    /// TrainingRuntimes.
-    pub training_runtimes: ReflectHandle<TrainingRuntime>,
-    /// ClusterTrainingRuntimes.
-    pub cluster_training_runtimes: ReflectHandle<TrainingRuntime>,
 }
 
 /// Watch-backed TrainJob and runtime lookups with a GET fallback. Cheap to clone.
@@ -309,7 +289,7 @@ pub struct ClusterObjects {
 
 impl ClusterObjects {
     /// `serve`'s watches: TrainJobs, TrainingRuntimes and ClusterTrainingRuntimes in every
-    /// namespace ([`Watches::objects`], nobody subscribed). Returns the source and the future
+    /// namespace, observed by nobody. Returns the source and the future
     /// that drives the three watches: spawn it (the caches stay empty, and [`Self::synced`]
     /// pending, until it runs).
     pub fn watch(
@@ -317,7 +297,10 @@ impl ClusterObjects {
         metrics: CacheMetrics,
     ) -> (Self, impl Future<Output = ()> + Send + 'static + use<>) {
         let mut watches = Watches::new(client, metrics);
-        let (objects, _nobody_reads) = watches.objects();
+        let jobs = watches.train_jobs(None);
+        let local = watches.runtimes(RuntimeKind::TrainingRuntime, None);
+        let cluster = watches.runtimes(RuntimeKind::ClusterTrainingRuntime, None);
+        let objects = watches.objects(jobs, local, cluster);
         (objects, watches.run())
     }
 
@@ -351,11 +334,6 @@ impl ClusterObjects {
     /// Whether all three caches hold their initial list, without waiting.
     pub fn is_synced(&self) -> bool {
         matches!(self.synced().now_or_never(), Some(Ok(())))
-    }
-
-    /// The TrainJob cache.
-    pub fn train_jobs(&self) -> Store<TrainJob> {
-        self.train_jobs.clone()
     }
 
     /// A TrainJob from the cache alone, never a GET: for lookups of names that are mostly not

@@ -14,7 +14,6 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use kube::{Api, Client, Resource};
 use prometheus_client::registry::Registry;
@@ -219,14 +218,14 @@ async fn serve_probes(
 }
 
 /// One leadership term: its watches (each kind once, [`Watches`]) and the two controllers
-/// subscribed to them, reconciling TrainJobs and JobSet-mode JobSets, and reporting their
+/// over them, reconciling TrainJobs and JobSet-mode JobSets, and reporting their
 /// launchers' failed runs, until `stop` resolves.
 ///
-/// The watches live for the term, not for the process: kube's shared reflector takes its
-/// subscribers before its watch starts (kube-rs#1630), and a subscriber nobody polls pauses the
-/// watch for every reader, so controllers made afresh for each term need watches made with
-/// them. A standby so caches nothing (no memory for jobs it does not reconcile), and a new
-/// leader lists everything once, as it did before.
+/// The watches live for the term, not for the process: a standby caches nothing (no memory
+/// for jobs it does not reconcile, and no watch on the API server), and a new leader lists
+/// everything once (from the API server's watch cache), which also tells its fresh controllers
+/// of every owner, as before. Watches that outlived the term would need the new controllers
+/// told of every cached owner at the start of each term, and their observers rewired.
 pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: TermEnd) {
     shared.metrics.set_leader(true);
     let Term {
@@ -284,26 +283,6 @@ where
     futures::future::ready(())
 }
 
-/// The controllers' trigger backoff: none, since every watch already backs off on its own
-/// ([`crate::objects::cluster::retried`]). kube's default pauses the merged stream of all of a controller's watches on
-/// any one watch's error; after an API server restart the watches' 410 Expired answers then
-/// came one per pause of up to a minute, and no watch (not even the TrainJobs') was read, nor
-/// relisted, for minutes.
-#[derive(Clone, Copy, Debug)]
-struct NoTriggerBackoff;
-
-impl Iterator for NoTriggerBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        Some(Duration::ZERO)
-    }
-}
-
-impl Backoff for NoTriggerBackoff {
-    fn reset(&mut self) {}
-}
-
 /// The label selector of everything the reconciler creates, so its Secret, ConfigMap and
 /// NetworkPolicy watches never see (or cache) anybody else's.
 pub fn managed_selector() -> String {
@@ -327,14 +306,23 @@ struct Term {
 /// drive it; our labelled Secrets (metadata only), ConfigMaps and NetworkPolicies trigger their
 /// owner; a changed runtime triggers the TrainJobs using it) and the JobSet-mode controller
 /// (JobSets carrying the label, selected by the API server so no other JobSet is cached, and
-/// the same owned objects), both subscribed to the same owned-object watches and sharing one
-/// context. Each watch backs off on its own ([`NoTriggerBackoff`]).
+/// the same owned objects). Both controllers read the same caches and hear of changes from the
+/// same watches ([`Triggers`]), and share one context.
 fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
     let client = &shared.client;
+    let (triggers, train_job_triggers, jobset_triggers) = Triggers::channels();
     let mut watches = Watches::new(client.clone(), shared.cache_metrics.clone());
-    let (objects, streams) = watches.objects();
+    let jobs = watches.train_jobs(Some(triggers.applied(|t| &t.train_jobs)));
+    let runtimes = |watches: &mut Watches, kind| {
+        let users = users_of(jobs.clone(), kind);
+        watches.runtimes(kind, Some(triggers.users(users)))
+    };
+    let local = runtimes(&mut watches, RuntimeKind::TrainingRuntime);
+    let cluster = runtimes(&mut watches, RuntimeKind::ClusterTrainingRuntime);
+    let objects = watches.objects(jobs.clone(), local, cluster);
     let (listed_tx, jobsets_listed) = watch::channel(false);
-    let jobsets = watches.watch(
+    let jobset_applied = triggers.applied(|t| &t.jobsets);
+    let jobset_store = watches.watch(
         Watch {
             api: Api::<JobSet>::all(client.clone()),
             dyntype: (),
@@ -343,12 +331,12 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
             trim: jobset_read,
         },
         Some(Box::new(move |event| {
+            jobset_applied(event);
             if matches!(event, watcher::Event::InitDone) {
                 listed_tx.send_replace(true);
             }
         })),
     );
-    let (deleted, train_job_deletes, jobset_deletes) = Deleted::channels();
     let applied = Arc::<AppliedConfigMaps>::default();
     let applied_policies = Arc::<Applied<NetworkPolicy>>::default();
     let owned = watch_config().labels(&managed_selector());
@@ -360,7 +348,7 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
             resource: "secrets",
             trim: identity,
         },
-        Some(deleted.observer(|_| {})),
+        Some(triggers.owners(|_| {})),
     );
     let seen = Arc::clone(&applied);
     let configmaps = watches.watch(
@@ -371,10 +359,10 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
             resource: "configmaps",
             trim: identity,
         },
-        Some(deleted.observer(move |event| seen.observe(event))),
+        Some(triggers.owners(move |event| seen.observe(event))),
     );
     let seen = Arc::clone(&applied_policies);
-    let policies = watches.watch(
+    let network_policies = watches.watch(
         Watch {
             api: Api::<NetworkPolicy>::all(client.clone()),
             dyntype: (),
@@ -382,15 +370,14 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
             resource: "networkpolicies",
             trim: identity,
         },
-        Some(deleted.observer(move |event| seen.observe(event))),
+        Some(triggers.owners(move |event| seen.observe(event))),
     );
-    let jobs = objects.train_jobs();
     let ctx = Arc::new(Context::new(ContextParts {
         client: client.clone(),
         objects,
-        secrets: secrets.store,
-        configmaps: configmaps.store,
-        network_policies: policies.store,
+        secrets,
+        configmaps,
+        network_policies,
         applied,
         applied_policies,
         recorder: shared.recorder.clone(),
@@ -400,31 +387,12 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
         network_policy_default: shared.network_policy_default,
     }));
     let config = controller::Config::default().concurrency(CONCURRENCY);
-    let train_jobs = Controller::for_shared_stream(streams.train_jobs, jobs.clone())
+    let train_jobs = Controller::for_stream(futures::stream::empty(), jobs)
         .with_config(config.clone())
-        .trigger_backoff(NoTriggerBackoff)
-        .owns_shared_stream(secrets.stream.clone())
-        .owns_shared_stream(configmaps.stream.clone())
-        .owns_shared_stream(policies.stream.clone())
-        .reconcile_on(train_job_deletes)
-        .watches_shared_stream_with(
-            streams.training_runtimes,
-            users_of(jobs.clone(), RuntimeKind::TrainingRuntime),
-            RuntimeKind::TrainingRuntime,
-        )
-        .watches_shared_stream_with(
-            streams.cluster_training_runtimes,
-            users_of(jobs, RuntimeKind::ClusterTrainingRuntime),
-            RuntimeKind::ClusterTrainingRuntime,
-        );
-    let jobset_store = jobsets.store;
-    let jobsets = Controller::for_shared_stream(jobsets.stream, jobset_store.clone())
+        .reconcile_on(train_job_triggers);
+    let jobsets = Controller::for_stream(futures::stream::empty(), jobset_store.clone())
         .with_config(config)
-        .trigger_backoff(NoTriggerBackoff)
-        .owns_shared_stream(secrets.stream)
-        .owns_shared_stream(configmaps.stream)
-        .owns_shared_stream(policies.stream)
-        .reconcile_on(jobset_deletes);
+        .reconcile_on(jobset_triggers);
     Term {
         watches,
         ctx,
@@ -435,49 +403,88 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
     }
 }
 
-/// Where the owners of our deleted objects go. kube's shared streams show their subscribers
-/// only objects that are still there (kube-rs#1590), but a Secret, ConfigMap or NetworkPolicy
-/// of ours deleted by somebody else must still make its owner reconcile, and so make it again.
+/// How the controllers hear of changes: each watch's [`Observer`] sends the owners to reconcile
+/// to the controller of their kind. A TrainJob or JobSet that is added, changed or listed again
+/// is its own; a Secret, ConfigMap or NetworkPolicy of ours that is added, changed, deleted (by
+/// somebody else: its owner makes it again) or listed again names its owners; a changed runtime,
+/// the TrainJobs using it. The channels are unbounded, but the controllers drain them at once
+/// into their queues, which merge requests for the same owner; they never fail, so no watch's
+/// error or backoff holds up another watch's events.
 #[derive(Clone)]
-pub(super) struct Deleted {
-    train_jobs: mpsc::UnboundedSender<ObjectRef<TrainJob>>,
-    jobsets: mpsc::UnboundedSender<ObjectRef<JobSet>>,
+pub(super) struct Triggers {
+    pub(super) train_jobs: mpsc::UnboundedSender<ObjectRef<TrainJob>>,
+    pub(super) jobsets: mpsc::UnboundedSender<ObjectRef<JobSet>>,
 }
 
-/// The owners of deleted objects of one kind of owner, as a controller trigger.
-pub(super) type DeletedOwners<K> = mpsc::UnboundedReceiver<ObjectRef<K>>;
+/// The owners one controller is asked to reconcile.
+pub(super) type Requests<K> = mpsc::UnboundedReceiver<ObjectRef<K>>;
 
-impl Deleted {
-    /// The router, and the streams of deleted objects' owners of each kind.
-    pub(super) fn channels() -> (Self, DeletedOwners<TrainJob>, DeletedOwners<JobSet>) {
-        let (train_jobs, train_job_owners) = mpsc::unbounded();
-        let (jobsets, jobset_owners) = mpsc::unbounded();
-        let router = Self {
+impl Triggers {
+    /// The senders, and the requests of each controller.
+    pub(super) fn channels() -> (Self, Requests<TrainJob>, Requests<JobSet>) {
+        let (train_jobs, train_job_requests) = mpsc::unbounded();
+        let (jobsets, jobset_requests) = mpsc::unbounded();
+        let triggers = Self {
             train_jobs,
             jobsets,
         };
-        (router, train_job_owners, jobset_owners)
+        (triggers, train_job_requests, jobset_requests)
     }
 
-    /// An observer of an owned kind's watch: sends a deleted object's owners on, then calls
-    /// `also` with every event.
-    pub(super) fn observer<K: Resource>(
+    /// An observer of the owners' own watch: an applied (or listed) object is reconciled by the
+    /// controller `to` picks. A closed channel is a term that is ending: nothing to do.
+    pub(super) fn applied<K>(
+        &self,
+        to: fn(&Self) -> &mpsc::UnboundedSender<ObjectRef<K>>,
+    ) -> Observer<K>
+    where
+        K: Resource<DynamicType = ()> + 'static,
+    {
+        let triggers = self.clone();
+        Box::new(move |event| {
+            if let watcher::Event::Apply(owner) | watcher::Event::InitApply(owner) = event {
+                let _ = to(&triggers).unbounded_send(ObjectRef::from_obj(owner));
+            }
+        })
+    }
+
+    /// An observer of a runtime kind's watch: `users` of an applied runtime are reconciled.
+    pub(super) fn users(
+        &self,
+        users: impl Fn(&TrainingRuntime) -> Vec<ObjectRef<TrainJob>> + Send + Sync + 'static,
+    ) -> Observer<TrainingRuntime> {
+        let triggers = self.clone();
+        Box::new(move |event| {
+            if let watcher::Event::Apply(runtime) | watcher::Event::InitApply(runtime) = event {
+                for job in users(runtime) {
+                    let _ = triggers.train_jobs.unbounded_send(job);
+                }
+            }
+        })
+    }
+
+    /// An observer of an owned kind's watch: `also` is shown every event first (the
+    /// [`Applied`] records, which a reconcile reads), then the owners of an object that is
+    /// applied, listed or deleted are reconciled.
+    pub(super) fn owners<K: Resource>(
         &self,
         also: impl Fn(&watcher::Event<K>) + Send + Sync + 'static,
     ) -> Observer<K> {
-        let deleted = self.clone();
+        let triggers = self.clone();
         Box::new(move |event| {
-            if let watcher::Event::Delete(object) = event {
-                deleted.owners_of(object.meta());
-            }
             also(event);
+            if let watcher::Event::Apply(child)
+            | watcher::Event::InitApply(child)
+            | watcher::Event::Delete(child) = event
+            {
+                triggers.owners_of(child.meta());
+            }
         })
     }
 
     fn owners_of(&self, child: &ObjectMeta) {
         let namespace = child.namespace.as_deref();
         for owner in child.owner_references.iter().flatten() {
-            // A closed channel is a term that is ending: nothing to reconcile any more.
             if let Some(job) = ObjectRef::<TrainJob>::from_owner_ref(namespace, owner, ()) {
                 let _ = self.train_jobs.unbounded_send(job);
             } else if let Some(jobset) = ObjectRef::<JobSet>::from_owner_ref(namespace, owner, ()) {
@@ -525,11 +532,11 @@ pub(super) fn jobset_read(jobset: &mut JobSet) {
 pub fn users_of(
     jobs: Store<TrainJob>,
     kind: RuntimeKind,
-) -> impl Fn(Arc<TrainingRuntime>) -> Vec<ObjectRef<TrainJob>> + Send + Sync + 'static {
+) -> impl Fn(&TrainingRuntime) -> Vec<ObjectRef<TrainJob>> + Send + Sync + 'static {
     move |runtime| {
         jobs.state()
             .iter()
-            .filter(|job| uses(job, kind, &runtime))
+            .filter(|job| uses(job, kind, runtime))
             .map(|job| ObjectRef::from_obj(job.as_ref()))
             .collect()
     }

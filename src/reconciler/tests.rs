@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use kube::runtime::reflector::ObjectRef;
 
 use super::context::RETRY_MAX;
-use super::run::{Deleted, Shared, jobset_read, lead, managed_selector, users_of};
+use super::run::{Shared, Triggers, jobset_read, lead, managed_selector, users_of};
 use super::writes::applied;
 use super::*;
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
@@ -783,11 +783,11 @@ fn runtime_changes_map_to_the_train_jobs_using_them() {
         names
     };
     let cluster = users_of(jobs.clone(), RuntimeKind::ClusterTrainingRuntime);
-    assert_eq!(names(cluster(Arc::new(mpi_runtime()))), ["a", "b"]);
+    assert_eq!(names(cluster(&mpi_runtime())), ["a", "b"]);
     let mut local_runtime = mpi_runtime();
     local_runtime.metadata.namespace = Some("team".into());
     let local = users_of(jobs, RuntimeKind::TrainingRuntime);
-    assert_eq!(names(local(Arc::new(local_runtime))), ["c"]);
+    assert_eq!(names(local(&local_runtime)), ["c"]);
 }
 
 /// Shared settings over a mock API server.
@@ -1401,12 +1401,20 @@ fn cached_jobsets_keep_only_what_jobset_mode_reads() {
     assert_eq!(jobset.spec.subdomain(), Some("s"));
 }
 
-/// kube's shared streams do not show deletions: a deleted object of ours makes its owner, of
-/// either kind, reconcile through the observer instead.
+/// Each watch's observer sends the owners to reconcile to the controller of their kind: an
+/// owned object deleted by somebody else too, so that it is made again.
 #[test]
-fn a_deleted_owned_object_triggers_its_owner() {
-    let (deleted, mut train_jobs, mut jobsets) = Deleted::channels();
-    let observe = deleted.observer::<ConfigMap>(|_| {});
+fn owned_objects_trigger_their_owner_in_its_controller() {
+    let (triggers, mut train_jobs, mut jobsets) = Triggers::channels();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    let observe = triggers.owners::<ConfigMap>(move |event| {
+        let kind = match event {
+            watcher::Event::Delete(_) => "delete",
+            _ => "other",
+        };
+        record.lock().expect("lock").push(kind);
+    });
     let owned_by = |kind: &str, api_version: &str| -> ConfigMap {
         serde_json::from_value(
             json!({"metadata": {"name": "pi-mpi-hostfile", "namespace": "team",
@@ -1416,21 +1424,32 @@ fn a_deleted_owned_object_triggers_its_owner() {
         .expect("ConfigMap")
     };
     let by_job = owned_by("TrainJob", "trainer.kubeflow.org/v1alpha1");
-    let by_jobset = owned_by("JobSet", "jobset.x-k8s.io/v1alpha2");
     observe(&watcher::Event::Apply(by_job.clone()));
     observe(&watcher::Event::Delete(by_job));
-    observe(&watcher::Event::Delete(by_jobset));
-    observe(&watcher::Event::Delete(owned_by("Deployment", "apps/v1")));
-    let job = train_jobs.try_recv().expect("the TrainJob");
-    assert_eq!(
-        (job.name.as_str(), job.namespace.as_deref()),
-        ("pi", Some("team"))
-    );
-    assert!(
-        train_jobs.try_recv().is_err(),
-        "an applied object is the stream's"
-    );
-    let jobset = jobsets.try_recv().expect("the JobSet");
-    assert_eq!(jobset.name, "pi");
+    observe(&watcher::Event::Delete(owned_by(
+        "JobSet",
+        "jobset.x-k8s.io/v1alpha2",
+    )));
+    observe(&watcher::Event::Apply(owned_by("Deployment", "apps/v1")));
+    observe(&watcher::Event::InitDone);
+    for _ in 0..2 {
+        let job = train_jobs.try_recv().expect("the TrainJob");
+        assert_eq!(
+            (job.name.as_str(), job.namespace.as_deref()),
+            ("pi", Some("team"))
+        );
+    }
+    assert!(train_jobs.try_recv().is_err());
+    assert_eq!(jobsets.try_recv().expect("the JobSet").name, "pi");
+    assert!(jobsets.try_recv().is_err());
+    assert_eq!(seen.lock().expect("lock").len(), 5, "every event is shown");
+    // The owners' own watch: an applied JobSet is its own request, a deleted one is not.
+    let applied = triggers.applied::<JobSet>(|t| &t.jobsets);
+    let jobset: JobSet =
+        serde_json::from_value(json!({"metadata": {"name": "js", "namespace": "team"}}))
+            .expect("JobSet");
+    applied(&watcher::Event::InitApply(jobset.clone()));
+    applied(&watcher::Event::Delete(jobset));
+    assert_eq!(jobsets.try_recv().expect("the JobSet").name, "js");
     assert!(jobsets.try_recv().is_err());
 }
