@@ -1,5 +1,5 @@
-//! The watches of both processes ([`Watches`]: each kind watched once per process, as a shared
-//! reflector), and the cluster [`ObjectSource`] over three of them: caches of TrainJobs,
+//! The watches of both processes ([`Watches`]: each kind watched once per process, into one
+//! cache), and the cluster [`ObjectSource`] over three of them: caches of TrainJobs,
 //! TrainingRuntimes and ClusterTrainingRuntimes, so admission answers from memory; a cache miss
 //! falls back to one GET (the TrainJob that owns a new JobSet is often only milliseconds old and
 //! not yet in the cache).
