@@ -18,8 +18,10 @@
 //!    the bench), then waits until it is quiet (no reconcile finished for 2 s);
 //! 5. prints the time beside both floors, the API server's CPU time in each, the writes per job (the apiserver's own
 //!    `apiserver_request_total` of POST, PUT, PATCH, APPLY (server-side apply) and DELETE on Secrets, ConfigMaps, Events and
-//!    NetworkPolicies during step 4; Lease renewals are left out), and the peak RSS (`VmHWM`) of
-//!    both processes.
+//!    NetworkPolicies during step 4; Lease renewals are left out), the peak RSS (`VmHWM`) of
+//!    both processes, and the watches each one opened (the apiserver's own
+//!    `apiserver_longrunning_requests{verb="WATCH"}`, by resource, read before and after it
+//!    started).
 //!
 //! Every process it starts is stopped at the end of its case, on failure too (a guard kills it);
 //! every wait is bounded (`SCALE_TIMEOUT_S`, default 300 s, for each step). Without
@@ -32,7 +34,7 @@
 //! both processes), `SCALE_RECONCILE_WRAPPER` (a command `reconcile` runs under, e.g.
 //! `heaptrack -o /tmp/reconcile` for a heap profile; the RSS column is then the wrapper's).
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -274,6 +276,62 @@ impl ControlPlane {
             }
         }
         Ok(counts)
+    }
+}
+
+/// Watches open on the apiserver, by resource: its own gauge
+/// `apiserver_longrunning_requests{verb="WATCH"}`, which counts every watch request it is
+/// serving (its own loopback informers' too: compare two readings).
+async fn open_watches(client: &Client) -> Result<BTreeMap<String, i64>, AnyError> {
+    let text = client
+        .request_text(Request::get("/metrics").body(Vec::new())?)
+        .await?;
+    let mut watches = BTreeMap::new();
+    for line in text.lines() {
+        let Some(labels) = line.strip_prefix("apiserver_longrunning_requests{") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels
+                .split(&format!("{key}=\""))
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+        };
+        if label("verb") != Some("WATCH") {
+            continue;
+        }
+        let resource = label("resource").unwrap_or_default().to_string();
+        let value = line.rsplit(' ').next().unwrap_or_default().parse::<f64>()? as i64;
+        *watches.entry(resource).or_insert(0) += value;
+    }
+    Ok(watches)
+}
+
+/// The watches opened between two readings of [`open_watches`], by resource.
+fn opened(before: &BTreeMap<String, i64>, after: &BTreeMap<String, i64>) -> Watches {
+    Watches(
+        after
+            .iter()
+            .map(|(resource, n)| (resource.clone(), n - before.get(resource).unwrap_or(&0)))
+            .filter(|(_, n)| *n != 0)
+            .collect(),
+    )
+}
+
+/// Watches one process opened, by resource.
+#[derive(Default)]
+struct Watches(BTreeMap<String, i64>);
+
+impl Watches {
+    fn total(&self) -> i64 {
+        self.0.values().sum()
+    }
+}
+
+impl std::fmt::Display for Watches {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let each: Vec<String> = self.0.iter().map(|(r, n)| format!("{r} {n}")).collect();
+        write!(f, "{} ({})", self.total(), each.join(", "))
     }
 }
 
@@ -532,6 +590,10 @@ struct CaseResult {
     apiserver_cpu: Duration,
     serve_ready_mib: f64,
     serve_mib: f64,
+    /// Watches `serve` opened (once its caches synced).
+    serve_watches: Watches,
+    /// Watches `reconcile` opened (once it was quiet).
+    reconcile_watches: Watches,
     load: String,
 }
 
@@ -550,7 +612,8 @@ impl CaseResult {
             "  seeded in {:.1} s; all objects {:.1} s after reconcile started; floor {:.1} s \
              ({:.2}x), applying the ConfigMaps {:.1} s ({:.2}x); writes per job {:.2} ({}); peak RSS reconcile {:.1} MiB, serve {:.1} MiB \
              ({:.1} MiB when its caches were synced); CPU reconcile {:.1} s, kube-apiserver {:.1} s \
-             ({:.1} s in the floor, {:.1} s in the apply floor); load average after: {}",
+             ({:.1} s in the floor, {:.1} s in the apply floor); watches open: serve {}, reconcile {}; \
+             load average after: {}",
             self.seed.as_secs_f64(),
             self.all_objects.as_secs_f64(),
             self.floor.time.as_secs_f64(),
@@ -566,6 +629,8 @@ impl CaseResult {
             self.apiserver_cpu.as_secs_f64(),
             self.floor.apiserver_cpu.as_secs_f64(),
             self.apply_floor.apiserver_cpu.as_secs_f64(),
+            self.serve_watches,
+            self.reconcile_watches,
             self.load,
         );
     }
@@ -573,12 +638,12 @@ impl CaseResult {
 
 fn table(results: &[CaseResult]) -> String {
     let mut out = String::from(
-        "| owners | all objects | floor | ratio | apply floor | ratio | writes per job | reconcile peak RSS | serve peak RSS |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| owners | all objects | floor | ratio | apply floor | ratio | writes per job | reconcile peak RSS | serve peak RSS | watches serve / reconcile |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in results {
         out.push_str(&format!(
-            "| {} {} | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.2} | {:.2} | {:.1} MiB | {:.1} MiB |\n",
+            "| {} {} | {:.1} s | {:.1} s | {:.2} | {:.1} s | {:.2} | {:.2} | {:.1} MiB | {:.1} MiB | {} / {} |\n",
             r.jobs,
             r.kind.label(),
             r.all_objects.as_secs_f64(),
@@ -589,6 +654,8 @@ fn table(results: &[CaseResult]) -> String {
             r.writes_per_job(),
             r.reconcile_mib,
             r.serve_mib,
+            r.serve_watches.total(),
+            r.reconcile_watches.total(),
         ));
     }
     out
@@ -668,6 +735,7 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         .map_err(|_| "seeding timed out")??;
     let seed_time = started.elapsed();
 
+    let no_process = open_watches(&client).await?;
     let serve_metrics = free_port()?;
     let certs = dir.join("certs");
     let mut serve = Process::spawn(
@@ -703,6 +771,9 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let serve_ready_mib = serve.peak_mib()?;
+    // Each watch opens right after its list: give the last one a moment.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let serve_watches = opened(&no_process, &open_watches(&client).await?);
 
     let floor = measure_floor(
         &client,
@@ -721,6 +792,7 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
     )
     .await?;
 
+    let before_bench = open_watches(&client).await?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     watch_owned(
         Api::<PartialObjectMeta<Secret>>::all(client.clone()),
@@ -735,6 +807,18 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         false,
     );
     let writes_before = plane.writes().await?;
+    // The bench's own two watches are open before the reconciler's are counted.
+    let bound = Instant::now() + settings.timeout;
+    let before_reconcile = loop {
+        let now = open_watches(&client).await?;
+        if opened(&before_bench, &now).total() >= 2 {
+            break now;
+        }
+        if Instant::now() > bound {
+            return Err("the bench's own watches never opened".into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     let apiserver_cpu_before = procfs::cpu_time(plane.apiserver_pid)?;
     let reconcile_metrics = free_port()?;
     let started = Instant::now();
@@ -788,6 +872,7 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         }
     }
     let writes_after = plane.writes().await?;
+    let reconcile_watches = opened(&before_reconcile, &open_watches(&client).await?);
     let reconcile_cpu = procfs::cpu_time(reconcile.pid())?;
     let apiserver_cpu = procfs::cpu_time(plane.apiserver_pid)? - apiserver_cpu_before;
     let writes = std::array::from_fn(|i| writes_after[i] - writes_before[i]);
@@ -804,6 +889,8 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         apiserver_cpu,
         serve_ready_mib,
         serve_mib: serve.peak_mib()?,
+        serve_watches,
+        reconcile_watches,
         load: load_average(),
     };
     drop(reconcile);

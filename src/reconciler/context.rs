@@ -45,6 +45,11 @@ pub struct ContextParts {
     pub configmaps: Store<ConfigMap>,
     /// The NetworkPolicies we applied (label-selected).
     pub network_policies: Store<NetworkPolicy>,
+    /// ConfigMaps applied but not yet seen again by their watch (which must be shown every
+    /// event, after its cache applied it).
+    pub applied: Arc<AppliedConfigMaps>,
+    /// NetworkPolicies applied but not yet seen again by their watch (the same).
+    pub applied_policies: Arc<Applied<NetworkPolicy>>,
     /// Publishes the Events on the owners.
     pub events: Events,
     /// Counts reconciles, writes and failures.
@@ -97,6 +102,8 @@ impl Context {
             secrets,
             configmaps,
             network_policies,
+            applied,
+            applied_policies,
             events,
             metrics,
             leader,
@@ -115,22 +122,11 @@ impl Context {
             retries: Retries::default(),
             keygen,
             caches_ready,
-            applied: Arc::default(),
+            applied,
             network_policies,
-            applied_policies: Arc::default(),
+            applied_policies,
             object_options,
         }
-    }
-
-    /// What the NetworkPolicy watch must be shown, as [`Self::applied_configmaps`].
-    pub fn applied_network_policies(&self) -> Arc<Applied<NetworkPolicy>> {
-        Arc::clone(&self.applied_policies)
-    }
-
-    /// What the ConfigMap watch must be shown (every event, after the cache applied it), so
-    /// that a reconcile can tell its own recent applies from a cache that missed a change.
-    pub fn applied_configmaps(&self) -> Arc<AppliedConfigMaps> {
-        Arc::clone(&self.applied)
     }
 
     /// Checked right before every write, so a replica that lost its Lease stops writing even

@@ -20,7 +20,8 @@
 //! `context` (what it needs, and its retry rule), `writes` (each write), `owners` (what a
 //! TrainJob and a JobSet-mode JobSet each need), `reconcile` (the controller's two callbacks,
 //! one pair for both kinds), `launcher_pods` (failed pre-flights and launcher runs as Events on
-//! the JobSet or TrainJob), then `run` (the watches, leader election and the probe server).
+//! the JobSet or TrainJob), then `run` (each term's watches and the two controllers over them,
+//! leader election and the probe server).
 
 mod conflict;
 mod context;

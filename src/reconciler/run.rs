@@ -1,19 +1,21 @@
 //! Wiring of `mpi-webhook reconcile`: the kube client, the probe server, leader election and,
 //! for each leadership term, fresh [`Controller`]s over TrainJobs and JobSet-mode JobSets.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt, TryStreamExt};
+use futures::channel::mpsc;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
-use kube::runtime::utils::Backoff;
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use kube::{Api, Client, Resource};
 use prometheus_client::registry::Registry;
 use tokio::sync::watch;
 
@@ -23,12 +25,10 @@ use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
 use crate::mpi::objects_for::{self, runtime_ref};
 use crate::mpi::ssh_secret::generate_key_pair;
 use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
-use crate::objects::cluster::{
-    CacheMetrics, ClusterObjects, identity, reflect, retried, watch_config,
-};
+use crate::objects::cluster::{CacheMetrics, Observer, Watch, Watches, identity, watch_config};
 use crate::shell::probes::{self, Gate, Readiness};
 
-use super::context::{Context, ContextParts};
+use super::context::{Applied, AppliedConfigMaps, Context, ContextParts};
 use super::error::Error;
 use super::events::Events;
 use super::launcher_pods::LauncherPods;
@@ -223,28 +223,39 @@ async fn serve_probes(
     ))
 }
 
-/// One leadership term: fresh watches and caches, reconciling TrainJobs and JobSet-mode JobSets,
-/// and reporting their launchers' failed runs, until `stop` resolves.
+/// One leadership term: its watches (each kind once, [`Watches`]) and the two controllers
+/// over them, reconciling TrainJobs and JobSet-mode JobSets, and reporting their
+/// launchers' failed runs, until `stop` resolves.
+///
+/// The watches live for the term, not for the process: a standby caches nothing (no memory
+/// for jobs it does not reconcile, and no watch on the API server), and a new leader lists
+/// everything once (from the API server's watch cache), which also tells its fresh controllers
+/// of every owner, as before. Watches that outlived the term would need the new controllers
+/// told of every cached owner at the start of each term, and their observers rewired.
 pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: TermEnd) {
     shared.metrics.set_leader(true);
-    let (controller, ctx) = controller(shared, leader.clone());
-    let ctx = Arc::new(ctx);
+    let Term {
+        watches,
+        ctx,
+        train_jobs,
+        jobsets,
+        jobset_store,
+        jobsets_listed,
+    } = term(shared, leader.clone());
     let stop = stop.shared();
-    let train_jobs = controller
+    let train_jobs = train_jobs
         .graceful_shutdown_on(stop.clone())
         .run(reconcile, error_policy, Arc::clone(&ctx))
         .for_each(logged);
     // The launcher-Pod watch reads the TrainJob controller's caches, once they are listed.
     let (objects, caches_ready) = (ctx.objects.clone(), ctx.caches_ready.clone());
-    let (jobset_controller, jobsets, jobsets_listed) =
-        jobset_controller(&shared.client, &shared.cache_metrics);
-    let jobset_reconciles = jobset_controller
+    let jobset_reconciles = jobsets
         .graceful_shutdown_on(stop.clone())
         .run(reconcile, error_policy, ctx)
         .for_each(logged);
     let launcher_pods = LauncherPods {
         client: shared.client.clone(),
-        jobsets,
+        jobsets: jobset_store,
         jobsets_listed,
         objects,
         caches_ready,
@@ -257,7 +268,10 @@ pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: T
     let preflights = async {
         futures::future::select(std::pin::pin!(launcher_pods.run()), stop).await;
     };
-    futures::future::join3(train_jobs, jobset_reconciles, preflights).await;
+    let controllers = futures::future::join3(train_jobs, jobset_reconciles, preflights);
+    // The watches run until the controllers are done (a reconcile in flight may still wait
+    // for a cache), then stop with the term.
+    futures::future::select(std::pin::pin!(controllers), std::pin::pin!(watches.run())).await;
     shared.metrics.set_leader(false);
 }
 
@@ -275,209 +289,260 @@ where
     futures::future::ready(())
 }
 
-/// The JobSet-mode controller: JobSets carrying the label (selected by the API server, so no
-/// other JobSet is cached), triggered again by our labelled Secrets (metadata only),
-/// ConfigMaps and NetworkPolicies they own. It shares the TrainJob controller's context, caches included; these
-/// watches only map owned objects to their JobSet. Each watch backs off on its own, as in
-/// [`controller`]. Also returns its JobSet cache, and a flag raised once that cache holds its
-/// first list (kube's `Store::wait_until_ready` wakes only one waiter, and the controller is
-/// one already).
-fn jobset_controller(
-    client: &Client,
-    metrics: &CacheMetrics,
-) -> (Controller<JobSet>, Store<JobSet>, watch::Receiver<bool>) {
-    let owned = watch_config().labels(&managed_selector());
-    let jobsets = Writer::<JobSet>::new(());
-    let store = jobsets.as_reader();
-    let (listed_tx, listed) = watch::channel(false);
-    let jobsets = reflect(
-        watcher(
-            Api::<JobSet>::all(client.clone()),
-            watch_config().labels(IMPLEMENTATION_LABEL),
-        ),
-        jobsets,
-        "jobsets",
-        metrics,
-    )
-    .inspect_ok(move |event| {
-        if matches!(event, watcher::Event::InitDone) {
-            listed_tx.send_replace(true);
-        }
-    })
-    .applied_objects();
-    let secrets = retried(
-        watcher(
-            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-            owned.clone(),
-        ),
-        "secrets",
-        metrics,
-    );
-    let configmaps = retried(
-        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()),
-        "configmaps",
-        metrics,
-    );
-    let policies = retried(
-        watcher(Api::<NetworkPolicy>::all(client.clone()), owned),
-        "networkpolicies",
-        metrics,
-    );
-    let controller = Controller::for_stream(jobsets, store.clone())
-        .with_config(controller::Config::default().concurrency(CONCURRENCY))
-        .trigger_backoff(NoTriggerBackoff)
-        .owns_stream(secrets.touched_objects())
-        .owns_stream(configmaps.touched_objects())
-        .owns_stream(policies.touched_objects());
-    (controller, store, listed)
-}
-
-/// The controllers' trigger backoff: none, since every watch already backs off on its own
-/// ([`retried`]). kube's default pauses the merged stream of all of a controller's watches on
-/// any one watch's error; after an API server restart the watches' 410 Expired answers then
-/// came one per pause of up to a minute, and no watch (not even the TrainJobs') was read, nor
-/// relisted, for minutes.
-#[derive(Clone, Copy, Debug)]
-struct NoTriggerBackoff;
-
-impl Iterator for NoTriggerBackoff {
-    type Item = Duration;
-
-    fn next(&mut self) -> Option<Duration> {
-        Some(Duration::ZERO)
-    }
-}
-
-impl Backoff for NoTriggerBackoff {
-    fn reset(&mut self) {}
-}
-
 /// The label selector of everything the reconciler creates, so its Secret, ConfigMap and
 /// NetworkPolicy watches never see (or cache) anybody else's.
 pub fn managed_selector() -> String {
     format!("{MANAGED_BY_LABEL}={MANAGER}")
 }
 
-/// Builds the controller and its context: TrainJobs drive it; our labelled Secrets (metadata
-/// only), ConfigMaps and NetworkPolicies trigger their owner; a changed runtime triggers the TrainJobs using it.
-fn controller(shared: &Shared, leader: watch::Receiver<bool>) -> (Controller<TrainJob>, Context) {
-    let (client, metrics) = (&shared.client, &shared.cache_metrics);
-    let owned = watch_config().labels(&managed_selector());
-    let jobs = Writer::<TrainJob>::new(());
-    let jobs_store = jobs.as_reader();
-    let secrets = Writer::<PartialObjectMeta<Secret>>::new(());
-    let secrets_store = secrets.as_reader();
-    let configmaps = Writer::<ConfigMap>::new(());
-    let configmaps_store = configmaps.as_reader();
-    let policies = Writer::<NetworkPolicy>::new(());
-    let policies_store = policies.as_reader();
-    let (local_store, local_stream) = runtimes(client, RuntimeKind::TrainingRuntime, metrics);
-    let (cluster_store, cluster_stream) =
-        runtimes(client, RuntimeKind::ClusterTrainingRuntime, metrics);
-    let objects = ClusterObjects::from_stores(
-        client.clone(),
-        jobs_store.clone(),
-        local_store,
-        cluster_store,
-        metrics.clone(),
+/// One term's watches, the context over their caches, and the two controllers.
+struct Term {
+    watches: Watches,
+    ctx: Arc<Context>,
+    train_jobs: Controller<TrainJob>,
+    jobsets: Controller<JobSet>,
+    /// The JobSet-mode JobSets (the JobSet controller's cache).
+    jobset_store: Store<JobSet>,
+    /// Raised once `jobset_store` holds its first list (kube's `Store::wait_until_ready` wakes
+    /// only one waiter, and the controller is one already).
+    jobsets_listed: watch::Receiver<bool>,
+}
+
+/// Builds a term: one watch of each kind ([`Watches`]), the TrainJob controller (TrainJobs
+/// drive it; our labelled Secrets (metadata only), ConfigMaps and NetworkPolicies trigger their
+/// owner; a changed runtime triggers the TrainJobs using it) and the JobSet-mode controller
+/// (JobSets carrying the label, selected by the API server so no other JobSet is cached, and
+/// the same owned objects). Both controllers read the same caches and hear of changes from the
+/// same watches ([`Triggers`]), and share one context.
+fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
+    let client = &shared.client;
+    let (triggers, train_job_triggers, jobset_triggers) = Triggers::channels();
+    let mut watches = Watches::new(client.clone(), shared.cache_metrics.clone());
+    let jobs = watches.train_jobs(Some(triggers.applied(|t| &t.train_jobs)));
+    let runtimes = |watches: &mut Watches, kind| {
+        let users = users_of(jobs.clone(), kind);
+        watches.runtimes(kind, Some(triggers.users(users)))
+    };
+    let local = runtimes(&mut watches, RuntimeKind::TrainingRuntime);
+    let cluster = runtimes(&mut watches, RuntimeKind::ClusterTrainingRuntime);
+    let objects = watches.objects(jobs.clone(), local, cluster);
+    let (listed_tx, jobsets_listed) = watch::channel(false);
+    let jobset_applied = triggers.applied(|t| &t.jobsets);
+    let jobset_store = watches.watch(
+        Watch {
+            api: Api::<JobSet>::all(client.clone()),
+            dyntype: (),
+            config: watch_config().labels(IMPLEMENTATION_LABEL),
+            resource: "jobsets",
+            trim: jobset_read,
+        },
+        Some(Box::new(move |event| {
+            jobset_applied(event);
+            if matches!(event, watcher::Event::InitDone) {
+                listed_tx.send_replace(true);
+            }
+        })),
     );
-    let ctx = Context::new(ContextParts {
+    let applied = Arc::<AppliedConfigMaps>::default();
+    let applied_policies = Arc::<Applied<NetworkPolicy>>::default();
+    let owned = watch_config().labels(&managed_selector());
+    let secrets = watches.watch(
+        Watch {
+            api: Api::<PartialObjectMeta<Secret>>::all(client.clone()),
+            dyntype: (),
+            config: owned.clone(),
+            resource: "secrets",
+            trim: identity,
+        },
+        Some(triggers.owners(|_| {})),
+    );
+    let seen = Arc::clone(&applied);
+    let configmaps = watches.watch(
+        Watch {
+            api: Api::<ConfigMap>::all(client.clone()),
+            dyntype: (),
+            config: owned.clone(),
+            resource: "configmaps",
+            trim: identity,
+        },
+        Some(triggers.owners(move |event| seen.observe(event))),
+    );
+    let seen = Arc::clone(&applied_policies);
+    let network_policies = watches.watch(
+        Watch {
+            api: Api::<NetworkPolicy>::all(client.clone()),
+            dyntype: (),
+            config: owned,
+            resource: "networkpolicies",
+            trim: identity,
+        },
+        Some(triggers.owners(move |event| seen.observe(event))),
+    );
+    let ctx = Arc::new(Context::new(ContextParts {
         client: client.clone(),
         objects,
-        secrets: secrets_store,
-        configmaps: configmaps_store,
-        network_policies: policies_store,
+        secrets,
+        configmaps,
+        network_policies,
+        applied,
+        applied_policies,
         events: shared.events.clone(),
         metrics: shared.metrics.clone(),
         leader,
         keygen: generate_key_pair,
         object_options: shared.object_options,
-    });
-    let jobs_stream = reflect(
-        watcher(Api::all(client.clone()), watch_config()).modify(identity),
-        jobs,
-        "trainjobs",
-        metrics,
-    )
-    .applied_objects();
-    let secrets_stream = reflect(
-        watcher(
-            Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-            owned.clone(),
-        )
-        .modify(identity),
-        secrets,
-        "secrets",
-        metrics,
-    )
-    .touched_objects();
-    let applied = ctx.applied_configmaps();
-    let configmaps_stream = reflect(
-        watcher(Api::<ConfigMap>::all(client.clone()), owned.clone()).modify(identity),
-        configmaps,
-        "configmaps",
-        metrics,
-    )
-    .inspect_ok(move |event| applied.observe(event))
-    .touched_objects();
-    let applied_policies = ctx.applied_network_policies();
-    let policies_stream = reflect(
-        watcher(Api::<NetworkPolicy>::all(client.clone()), owned).modify(identity),
-        policies,
-        "networkpolicies",
-        metrics,
-    )
-    .inspect_ok(move |event| applied_policies.observe(event))
-    .touched_objects();
-    let controller = Controller::for_stream(jobs_stream, jobs_store.clone())
-        .with_config(controller::Config::default().concurrency(CONCURRENCY))
-        .trigger_backoff(NoTriggerBackoff)
-        .owns_stream(secrets_stream)
-        .owns_stream(configmaps_stream)
-        .owns_stream(policies_stream)
-        .watches_stream_with(
-            local_stream,
-            users_of(jobs_store.clone(), RuntimeKind::TrainingRuntime),
-            RuntimeKind::TrainingRuntime,
-        )
-        .watches_stream_with(
-            cluster_stream,
-            users_of(jobs_store, RuntimeKind::ClusterTrainingRuntime),
-            RuntimeKind::ClusterTrainingRuntime,
-        );
-    (controller, ctx)
+    }));
+    let config = controller::Config::default().concurrency(CONCURRENCY);
+    let train_jobs = Controller::for_stream(futures::stream::empty(), jobs)
+        .with_config(config.clone())
+        .reconcile_on(train_job_triggers);
+    let jobsets = Controller::for_stream(futures::stream::empty(), jobset_store.clone())
+        .with_config(config)
+        .reconcile_on(jobset_triggers);
+    Term {
+        watches,
+        ctx,
+        train_jobs,
+        jobsets,
+        jobset_store,
+        jobsets_listed,
+    }
 }
 
-type RuntimeStream = futures::stream::BoxStream<'static, Result<TrainingRuntime, watcher::Error>>;
+/// How the controllers hear of changes: each watch's [`Observer`] sends the owners to reconcile
+/// to the controller of their kind. A TrainJob or JobSet that is added, changed or listed again
+/// is its own; a Secret, ConfigMap or NetworkPolicy of ours that is added, changed, deleted (by
+/// somebody else: its owner makes it again) or listed again names its owners; a changed runtime,
+/// the TrainJobs using it. The channels are unbounded, but the controllers drain them at once
+/// into their queues, which merge requests for the same owner; they never fail, so no watch's
+/// error or backoff holds up another watch's events.
+#[derive(Clone)]
+pub(super) struct Triggers {
+    pub(super) train_jobs: mpsc::UnboundedSender<ObjectRef<TrainJob>>,
+    pub(super) jobsets: mpsc::UnboundedSender<ObjectRef<JobSet>>,
+}
 
-fn runtimes(
-    client: &Client,
-    kind: RuntimeKind,
-    metrics: &CacheMetrics,
-) -> (Store<TrainingRuntime>, RuntimeStream) {
-    let writer = Writer::<TrainingRuntime>::new(kind);
-    let store = writer.as_reader();
-    let api = Api::<TrainingRuntime>::all_with(client.clone(), &kind);
-    let stream = reflect(
-        watcher(api, watch_config()),
-        writer,
-        kind.resource(),
-        metrics,
-    )
-    .applied_objects()
-    .boxed();
-    (store, stream)
+/// The owners one controller is asked to reconcile.
+pub(super) type Requests<K> = mpsc::UnboundedReceiver<ObjectRef<K>>;
+
+impl Triggers {
+    /// The senders, and the requests of each controller.
+    pub(super) fn channels() -> (Self, Requests<TrainJob>, Requests<JobSet>) {
+        let (train_jobs, train_job_requests) = mpsc::unbounded();
+        let (jobsets, jobset_requests) = mpsc::unbounded();
+        let triggers = Self {
+            train_jobs,
+            jobsets,
+        };
+        (triggers, train_job_requests, jobset_requests)
+    }
+
+    /// An observer of the owners' own watch: an applied (or listed) object is reconciled by the
+    /// controller `to` picks. A closed channel is a term that is ending: nothing to do.
+    pub(super) fn applied<K>(
+        &self,
+        to: fn(&Self) -> &mpsc::UnboundedSender<ObjectRef<K>>,
+    ) -> Observer<K>
+    where
+        K: Resource<DynamicType = ()> + 'static,
+    {
+        let triggers = self.clone();
+        Box::new(move |event| {
+            if let watcher::Event::Apply(owner) | watcher::Event::InitApply(owner) = event {
+                let _ = to(&triggers).unbounded_send(ObjectRef::from_obj(owner));
+            }
+        })
+    }
+
+    /// An observer of a runtime kind's watch: `users` of an applied runtime are reconciled.
+    pub(super) fn users(
+        &self,
+        users: impl Fn(&TrainingRuntime) -> Vec<ObjectRef<TrainJob>> + Send + Sync + 'static,
+    ) -> Observer<TrainingRuntime> {
+        let triggers = self.clone();
+        Box::new(move |event| {
+            if let watcher::Event::Apply(runtime) | watcher::Event::InitApply(runtime) = event {
+                for job in users(runtime) {
+                    let _ = triggers.train_jobs.unbounded_send(job);
+                }
+            }
+        })
+    }
+
+    /// An observer of an owned kind's watch: `also` is shown every event first (the
+    /// [`Applied`] records, which a reconcile reads), then the owners of an object that is
+    /// applied, listed or deleted are reconciled.
+    pub(super) fn owners<K: Resource>(
+        &self,
+        also: impl Fn(&watcher::Event<K>) + Send + Sync + 'static,
+    ) -> Observer<K> {
+        let triggers = self.clone();
+        Box::new(move |event| {
+            also(event);
+            if let watcher::Event::Apply(child)
+            | watcher::Event::InitApply(child)
+            | watcher::Event::Delete(child) = event
+            {
+                triggers.owners_of(child.meta());
+            }
+        })
+    }
+
+    fn owners_of(&self, child: &ObjectMeta) {
+        let namespace = child.namespace.as_deref();
+        for owner in child.owner_references.iter().flatten() {
+            if let Some(job) = ObjectRef::<TrainJob>::from_owner_ref(namespace, owner, ()) {
+                let _ = self.train_jobs.unbounded_send(job);
+            } else if let Some(jobset) = ObjectRef::<JobSet>::from_owner_ref(namespace, owner, ()) {
+                let _ = self.jobsets.unbounded_send(jobset);
+            }
+        }
+    }
+}
+
+/// The labels and annotations JobSet mode reads all start with this.
+const OURS: &str = "mpi-webhook.io/";
+
+/// What the JobSet controller and the launcher-Pod watch read of a JobSet-mode JobSet, the rest
+/// dropped before it is cached: its identity (name, namespace, UID, owner references, deletion
+/// timestamp), our label and our annotations (its settings), and of its spec the counts,
+/// containers and subdomain the hostfile is made of (not `dependsOn` nor the Job templates'
+/// labels, which only admission reads).
+pub(super) fn jobset_read(jobset: &mut JobSet) {
+    let ours = |map: Option<BTreeMap<String, String>>| {
+        let kept: BTreeMap<String, String> = map
+            .into_iter()
+            .flatten()
+            .filter(|(key, _)| key.starts_with(OURS))
+            .collect();
+        (!kept.is_empty()).then_some(kept)
+    };
+    let meta = &mut jobset.metadata;
+    *meta = ObjectMeta {
+        name: meta.name.take(),
+        namespace: meta.namespace.take(),
+        uid: meta.uid.take(),
+        owner_references: meta.owner_references.take(),
+        deletion_timestamp: meta.deletion_timestamp.take(),
+        labels: ours(meta.labels.take()),
+        annotations: ours(meta.annotations.take()),
+        ..ObjectMeta::default()
+    };
+    for rjob in &mut jobset.spec.replicated_jobs {
+        rjob.depends_on = None;
+        rjob.template.metadata.labels = None;
+    }
 }
 
 /// Maps a changed runtime of `kind` to the TrainJobs that use it.
 pub fn users_of(
     jobs: Store<TrainJob>,
     kind: RuntimeKind,
-) -> impl Fn(TrainingRuntime) -> Vec<ObjectRef<TrainJob>> + Send + Sync + 'static {
+) -> impl Fn(&TrainingRuntime) -> Vec<ObjectRef<TrainJob>> + Send + Sync + 'static {
     move |runtime| {
         jobs.state()
             .iter()
-            .filter(|job| uses(job, kind, &runtime))
+            .filter(|job| uses(job, kind, runtime))
             .map(|job| ObjectRef::from_obj(job.as_ref()))
             .collect()
     }

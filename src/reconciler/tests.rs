@@ -25,10 +25,10 @@ use tokio::sync::watch;
 use kube::runtime::reflector::ObjectRef;
 
 use super::context::RETRY_MAX;
-use super::run::{Shared, lead, managed_selector, users_of};
+use super::run::{Shared, Triggers, jobset_read, lead, managed_selector, users_of};
 use super::writes::applied;
 use super::*;
-use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
+use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::mpi::objects_for;
 use crate::mpi::ssh_secret::{KeyError, SshKeyPair};
 use crate::objects::cluster::tests::synced_store;
@@ -212,6 +212,8 @@ fn fixture(caches: Caches) -> Fixture {
         secrets: synced_store((), secrets),
         configmaps: synced_store((), caches.configmap.into_iter().collect()),
         network_policies: synced_store((), caches.network_policy.into_iter().collect()),
+        applied: Arc::default(),
+        applied_policies: Arc::default(),
         events: Events::new(client, reporter),
         metrics: metrics.clone(),
         leader: leader_rx,
@@ -533,7 +535,7 @@ async fn own_apply_not_yet_in_the_cache_is_not_repeated() {
     };
     let quiet = |api: ApiServer| async move { api };
     let configmap: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
-    let applied = f.ctx.applied_configmaps();
+    let applied = Arc::clone(&f.ctx.applied);
 
     let (result, server) = converse_again(&f.ctx, f.server, apply).await;
     assert!(result.is_ok());
@@ -715,6 +717,8 @@ async fn concurrent_reconciles_all_resume_when_the_caches_become_ready() {
         secrets: secrets.as_reader(),
         configmaps: configmaps.as_reader(),
         network_policies: synced_store((), vec![]),
+        applied: Arc::default(),
+        applied_policies: Arc::default(),
         events: Events::new(client, Reporter::from("mpi-webhook")),
         metrics: ReconcileMetrics::default(),
         leader: leader_rx,
@@ -782,11 +786,11 @@ fn runtime_changes_map_to_the_train_jobs_using_them() {
         names
     };
     let cluster = users_of(jobs.clone(), RuntimeKind::ClusterTrainingRuntime);
-    assert_eq!(names(cluster(mpi_runtime())), ["a", "b"]);
+    assert_eq!(names(cluster(&mpi_runtime())), ["a", "b"]);
     let mut local_runtime = mpi_runtime();
     local_runtime.metadata.namespace = Some("team".into());
     let local = users_of(jobs, RuntimeKind::TrainingRuntime);
-    assert_eq!(names(local(local_runtime)), ["c"]);
+    assert_eq!(names(local(&local_runtime)), ["c"]);
 }
 
 /// Shared settings over a mock API server.
@@ -819,7 +823,7 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
         run.await;
     });
     let mut seen = Vec::new();
-    for _ in 0..6 {
+    for _ in 0..7 {
         let (request, _reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
             .await
             .expect("a watch request")
@@ -847,6 +851,7 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
         [
             "/api/v1/configmaps",
             "/api/v1/secrets",
+            "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
             "/apis/networking.k8s.io/v1/networkpolicies",
             "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
             "/apis/trainer.kubeflow.org/v1alpha1/trainingruntimes",
@@ -1371,4 +1376,90 @@ mod jobset_mode {
             [1, 2, 1].map(|s| Action::requeue(Duration::from_secs(s)))
         );
     }
+}
+
+/// The JobSet cache keeps what JobSet mode reads: its identity, our label and annotations, and
+/// the counts and containers of its replicatedJobs.
+#[test]
+fn cached_jobsets_keep_only_what_jobset_mode_reads() {
+    let mut jobset: JobSet = serde_json::from_value(json!({
+        "metadata": {"name": "pi", "namespace": "team", "uid": "u", "resourceVersion": "9",
+            "generation": 2, "creationTimestamp": "2026-12-06T10:00:00Z",
+            "labels": {"mpi-webhook.io/implementation": "OpenMPI", "team": "a"},
+            "annotations": {"mpi-webhook.io/ssh-port": "2222", "note": "x"},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "o1"}]},
+        "spec": {"network": {"subdomain": "s"}, "replicatedJobs": [
+            {"name": "node", "replicas": 1, "dependsOn": [{"name": "x", "status": "Ready"}],
+             "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"parallelism": 3,
+                "template": {"spec": {"containers": [{"name": "node",
+                    "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}}}]}
+    }))
+    .expect("JobSet");
+    jobset_read(&mut jobset);
+    assert_eq!(
+        serde_json::to_value(&jobset.metadata).expect("json"),
+        json!({"name": "pi", "namespace": "team", "uid": "u",
+               "labels": {"mpi-webhook.io/implementation": "OpenMPI"},
+               "annotations": {"mpi-webhook.io/ssh-port": "2222"},
+               "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "o1"}]})
+    );
+    let (_, node) = jobset.replicated_job("node").expect("node");
+    assert!(node.depends_on.is_none() && node.template.metadata.labels.is_none());
+    assert_eq!(node.template.spec.parallelism, Some(3));
+    assert_eq!(node.containers()[0].name, "node");
+    assert!(node.containers()[0].resources.is_some());
+    assert_eq!(jobset.spec.subdomain(), Some("s"));
+}
+
+/// Each watch's observer sends the owners to reconcile to the controller of their kind: an
+/// owned object deleted by somebody else too, so that it is made again.
+#[test]
+fn owned_objects_trigger_their_owner_in_its_controller() {
+    let (triggers, mut train_jobs, mut jobsets) = Triggers::channels();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = Arc::clone(&seen);
+    let observe = triggers.owners::<ConfigMap>(move |event| {
+        let kind = match event {
+            watcher::Event::Delete(_) => "delete",
+            _ => "other",
+        };
+        record.lock().expect("lock").push(kind);
+    });
+    let owned_by = |kind: &str, api_version: &str| -> ConfigMap {
+        serde_json::from_value(
+            json!({"metadata": {"name": "pi-mpi-hostfile", "namespace": "team",
+            "ownerReferences": [{"apiVersion": api_version, "kind": kind, "name": "pi",
+                                 "uid": "u", "controller": true}]}}),
+        )
+        .expect("ConfigMap")
+    };
+    let by_job = owned_by("TrainJob", "trainer.kubeflow.org/v1alpha1");
+    observe(&watcher::Event::Apply(by_job.clone()));
+    observe(&watcher::Event::Delete(by_job));
+    observe(&watcher::Event::Delete(owned_by(
+        "JobSet",
+        "jobset.x-k8s.io/v1alpha2",
+    )));
+    observe(&watcher::Event::Apply(owned_by("Deployment", "apps/v1")));
+    observe(&watcher::Event::InitDone);
+    for _ in 0..2 {
+        let job = train_jobs.try_recv().expect("the TrainJob");
+        assert_eq!(
+            (job.name.as_str(), job.namespace.as_deref()),
+            ("pi", Some("team"))
+        );
+    }
+    assert!(train_jobs.try_recv().is_err());
+    assert_eq!(jobsets.try_recv().expect("the JobSet").name, "pi");
+    assert!(jobsets.try_recv().is_err());
+    assert_eq!(seen.lock().expect("lock").len(), 5, "every event is shown");
+    // The owners' own watch: an applied JobSet is its own request, a deleted one is not.
+    let applied = triggers.applied::<JobSet>(|t| &t.jobsets);
+    let jobset: JobSet =
+        serde_json::from_value(json!({"metadata": {"name": "js", "namespace": "team"}}))
+            .expect("JobSet");
+    applied(&watcher::Event::InitApply(jobset.clone()));
+    applied(&watcher::Event::Delete(jobset));
+    assert_eq!(jobsets.try_recv().expect("the JobSet").name, "js");
+    assert!(jobsets.try_recv().is_err());
 }
