@@ -424,30 +424,47 @@ pub fn denial_review(uid: String, message: &str) -> Vec<u8> {
 
 /// The response review as JSON bytes, with the patch as the base64 string the API expects (a
 /// Go `[]byte`; kube-core's serde writes the bytes as an array of numbers), where kube-core
-/// puts it: before `patchType`.
+/// puts it: before `patchType`. The review is written without the patch, which is then written
+/// in its place, encoded straight into the body (base64 needs no JSON escapes).
 fn review_bytes(mut response: AdmissionResponse) -> Vec<u8> {
     use base64::Engine as _;
-    let patch = response
-        .patch
-        .take()
-        .map(|patch| base64::engine::general_purpose::STANDARD.encode(patch));
-    let mut review = match serde_json::to_value(response.into_review()) {
+    let patch = response.patch.take();
+    let review = match serde_json::to_vec(&response.into_review()) {
         Ok(review) => review,
         // Plain strings, numbers and string-keyed maps: serializing them cannot fail.
         Err(_) => return FAIL_CLOSED_REVIEW.to_vec(),
     };
-    if let Some(patch) = patch {
-        let Some(Value::Object(response)) = review.get_mut("response") else {
-            return FAIL_CLOSED_REVIEW.to_vec();
-        };
-        let at = response
-            .keys()
-            .position(|key| key == "patchType")
-            .unwrap_or(response.len());
-        response.shift_insert(at, "patch".to_owned(), Value::String(patch));
+    let Some(patch) = patch else {
+        return review;
+    };
+    // The member after the patch: written with it (`with_patch`), after `uid`, `allowed` and
+    // `status`. A quote in a string is escaped, so these bytes are the member's only.
+    let Some(at) = review
+        .windows(PATCH_TYPE_MEMBER.len())
+        .position(|w| w == PATCH_TYPE_MEMBER)
+    else {
+        return FAIL_CLOSED_REVIEW.to_vec();
+    };
+    let engine = &base64::engine::general_purpose::STANDARD;
+    let encoded = base64::encoded_len(patch.len(), true).unwrap_or_default();
+    let mut body = Vec::with_capacity(review.len() + PATCH_MEMBER.len() + encoded + 2);
+    body.extend_from_slice(&review[..at]);
+    body.extend_from_slice(PATCH_MEMBER);
+    let start = body.len();
+    body.resize(start + encoded, 0);
+    match engine.encode_slice(&patch, &mut body[start..]) {
+        Ok(written) => body.truncate(start + written),
+        Err(_) => return FAIL_CLOSED_REVIEW.to_vec(),
     }
-    serde_json::to_vec(&review).unwrap_or_else(|_| FAIL_CLOSED_REVIEW.to_vec())
+    body.push(b'"');
+    body.extend_from_slice(&review[at..]);
+    body
 }
+
+/// `patchType` as the response writes it, after the member before it.
+const PATCH_TYPE_MEMBER: &[u8] = br#","patchType":"#;
+/// The start of the `patch` member, written before [`PATCH_TYPE_MEMBER`], up to its string.
+const PATCH_MEMBER: &[u8] = br#","patch":""#;
 
 /// The last-resort answer when a response cannot be written: a denial.
 const FAIL_CLOSED_REVIEW: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#;
