@@ -105,7 +105,8 @@ impl<'v> Obj<'v> {
     /// [`MutationError`] when the member holds something other than an array.
     pub fn add_missing(&mut self, key: &str, by: &str, item: &Value) -> Result<(), MutationError> {
         let list = self.list(key)?;
-        if !list.iter().any(|entry| entry.get(by) == item.get(by)) {
+        let key = item.get(by);
+        if !list.iter().any(|entry| entry.get(by) == key) {
             list.push(item.clone());
         }
         Ok(())
@@ -136,7 +137,8 @@ fn at(field: &str, key: &str) -> String {
 
 /// `item` in `list`: in place of the entry whose member `by` is the same, else at the end.
 pub fn upsert(list: &mut Vec<Value>, by: &str, item: &Value) {
-    match list.iter_mut().find(|entry| entry.get(by) == item.get(by)) {
+    let key = item.get(by);
+    match list.iter_mut().find(|entry| entry.get(by) == key) {
         Some(entry) if entry == item => {}
         Some(entry) => *entry = item.clone(),
         None => list.push(item.clone()),
