@@ -33,6 +33,9 @@ mod reviews;
 
 use reviews::{MUTATE_SAMPLE, VALIDATE_SAMPLE, block_on, json, sample};
 
+/// The JobSet-mode sample review (`instructions` counts the same one).
+const JOBSET_MODE_SAMPLE: &str = "jobset-mode-create-openmpi.json";
+
 /// The runtime both samples use.
 const RUNTIME: &str = "deepspeed-distributed";
 
@@ -132,6 +135,19 @@ fn mutate(c: &mut Criterion) {
     group.finish();
 }
 
+/// JobSet mode's whole mutate review: its settings, the `generated` ssh setup and the defaults,
+/// next to `skim` of the same review.
+fn mutate_jobset_mode(c: &mut Criterion) {
+    let body = sample(JOBSET_MODE_SAMPLE);
+    let fx = fixture(3);
+    let mut group = c.benchmark_group("mutate_jobset_mode");
+    group.bench_function("review", |b| {
+        b.iter(|| block_on(review(Route::MutateJobSet, black_box(&body), &fx.snapshot)));
+    });
+    skim(&mut group, &body);
+    group.finish();
+}
+
 fn render_hostfile(c: &mut Criterion) {
     const HOSTS: i64 = 10_000;
     // deepspeed runs the launcher as a node: numNodes hosts in all (launcher + numNodes-1 nodes).
@@ -210,5 +226,12 @@ fn run_go_keygen(program: &Path, keys: u64, flags: &[&str]) -> Duration {
     Duration::from_nanos(nanos)
 }
 
-criterion_group!(benches, validate, mutate, render_hostfile, key_pair);
+criterion_group!(
+    benches,
+    validate,
+    mutate,
+    mutate_jobset_mode,
+    render_hostfile,
+    key_pair
+);
 criterion_main!(benches);

@@ -419,30 +419,54 @@ pub fn denial_review(uid: String, message: &str) -> Vec<u8> {
 
 /// The response review as JSON bytes, with the patch as the base64 string the API expects (a
 /// Go `[]byte`; kube-core's serde writes the bytes as an array of numbers), where kube-core
-/// puts it: before `patchType`.
+/// puts it: before `patchType`. The review is written without the patch, which is then written
+/// in its place, encoded straight into the body (base64 needs no JSON escapes).
 fn review_bytes(mut response: AdmissionResponse) -> Vec<u8> {
     use base64::Engine as _;
-    let patch = response
-        .patch
-        .take()
-        .map(|patch| base64::engine::general_purpose::STANDARD.encode(patch));
-    let mut review = match serde_json::to_value(response.into_review()) {
-        Ok(review) => review,
+    let patch = response.patch.take();
+    let review = response.into_review();
+    let Some(patch) = patch else {
         // Plain strings, numbers and string-keyed maps: serializing them cannot fail.
-        Err(_) => return FAIL_CLOSED_REVIEW.to_vec(),
+        return serde_json::to_vec(&review).unwrap_or_else(|_| FAIL_CLOSED_REVIEW.to_vec());
     };
-    if let Some(patch) = patch {
-        let Some(Value::Object(response)) = review.get_mut("response") else {
-            return FAIL_CLOSED_REVIEW.to_vec();
-        };
-        let at = response
-            .keys()
-            .position(|key| key == "patchType")
-            .unwrap_or(response.len());
-        response.shift_insert(at, "patch".to_owned(), Value::String(patch));
+    // The patch member: its start, the base64 string and its closing quote.
+    let Some(encoded) = base64::encoded_len(patch.len(), true) else {
+        return FAIL_CLOSED_REVIEW.to_vec();
+    };
+    let member = PATCH_MEMBER.len() + encoded + 1;
+    // One buffer: the review around the patch is a few hundred bytes.
+    let mut body = Vec::with_capacity(REVIEW_BYTES + member);
+    if serde_json::to_writer(&mut body, &review).is_err() {
+        return FAIL_CLOSED_REVIEW.to_vec();
     }
-    serde_json::to_vec(&review).unwrap_or_else(|_| FAIL_CLOSED_REVIEW.to_vec())
+    // The member after the patch: written with it (`with_patch`), after `uid`, `allowed` and
+    // `status`. A quote in a string is escaped, so these bytes are the member's only.
+    let Some(at) = body
+        .windows(PATCH_TYPE_MEMBER.len())
+        .position(|w| w == PATCH_TYPE_MEMBER)
+    else {
+        return FAIL_CLOSED_REVIEW.to_vec();
+    };
+    let end = body.len();
+    body.resize(end + member, 0);
+    body.copy_within(at..end, at + member);
+    let (start, string) = body[at..at + member].split_at_mut(PATCH_MEMBER.len());
+    start.copy_from_slice(PATCH_MEMBER);
+    let (string, quote) = string.split_at_mut(encoded);
+    quote.copy_from_slice(b"\"");
+    let engine = &base64::engine::general_purpose::STANDARD;
+    match engine.encode_slice(&patch, string) {
+        Ok(written) if written == encoded => body,
+        _ => FAIL_CLOSED_REVIEW.to_vec(),
+    }
 }
+
+/// What a response review takes besides its patch, about (`uid`, `status`, warnings).
+const REVIEW_BYTES: usize = 512;
+/// `patchType` as the response writes it, after the member before it.
+const PATCH_TYPE_MEMBER: &[u8] = br#","patchType":"#;
+/// The start of the `patch` member, written before [`PATCH_TYPE_MEMBER`], up to its string.
+const PATCH_MEMBER: &[u8] = br#","patch":""#;
 
 /// The last-resort answer when a response cannot be written: a denial.
 const FAIL_CLOSED_REVIEW: &[u8] = br#"{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","response":{"uid":"","allowed":false}}"#;

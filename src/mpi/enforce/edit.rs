@@ -30,11 +30,7 @@ impl<'v> Obj<'v> {
 
     /// The path of member `key`.
     pub fn at(&self, key: &str) -> String {
-        if self.field.is_empty() {
-            key.to_owned()
-        } else {
-            format!("{}.{key}", self.field)
-        }
+        at(&self.field, key)
     }
 
     /// Member `key`, `None` when absent or `null`.
@@ -69,11 +65,10 @@ impl<'v> Obj<'v> {
     /// # Errors
     /// [`MutationError`] when the member holds another JSON type.
     pub fn existing_list(&mut self, key: &str) -> Result<Option<&mut Vec<Value>>, MutationError> {
-        let field = self.at(key);
         match self.map.get_mut(key) {
             None | Some(Value::Null) => Ok(None),
             Some(Value::Array(list)) => Ok(Some(list)),
-            Some(other) => Err(wrong_type(field, other, "an array")),
+            Some(other) => Err(wrong_type(at(&self.field, key), other, "an array")),
         }
     }
 
@@ -82,14 +77,14 @@ impl<'v> Obj<'v> {
     /// # Errors
     /// [`MutationError`] when the member holds another JSON type.
     pub fn list(&mut self, key: &str) -> Result<&mut Vec<Value>, MutationError> {
-        let field = self.at(key);
         let slot = self.map.entry(key).or_insert(Value::Null);
         if slot.is_null() {
             *slot = Value::Array(Vec::new());
         }
         match slot {
             Value::Array(list) => Ok(list),
-            other => Err(wrong_type(field, other, "an array")),
+            // The path is written only for the error.
+            other => Err(wrong_type(at(&self.field, key), other, "an array")),
         }
     }
 
@@ -110,7 +105,8 @@ impl<'v> Obj<'v> {
     /// [`MutationError`] when the member holds something other than an array.
     pub fn add_missing(&mut self, key: &str, by: &str, item: &Value) -> Result<(), MutationError> {
         let list = self.list(key)?;
-        if !list.iter().any(|entry| entry.get(by) == item.get(by)) {
+        let key = item.get(by);
+        if !list.iter().any(|entry| entry.get(by) == key) {
             list.push(item.clone());
         }
         Ok(())
@@ -130,9 +126,19 @@ impl<'v> Obj<'v> {
     }
 }
 
+/// The path of member `key` of the object at `field`.
+fn at(field: &str, key: &str) -> String {
+    if field.is_empty() {
+        key.to_owned()
+    } else {
+        format!("{field}.{key}")
+    }
+}
+
 /// `item` in `list`: in place of the entry whose member `by` is the same, else at the end.
 pub fn upsert(list: &mut Vec<Value>, by: &str, item: &Value) {
-    match list.iter_mut().find(|entry| entry.get(by) == item.get(by)) {
+    let key = item.get(by);
+    match list.iter_mut().find(|entry| entry.get(by) == key) {
         Some(entry) if entry == item => {}
         Some(entry) => *entry = item.clone(),
         None => list.push(item.clone()),

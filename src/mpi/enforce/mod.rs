@@ -1,8 +1,9 @@
 //! The JobSet mutation (section C of docs/behaviour.md: what Trainer's controller puts into the
 //! JobSet for MPI, and JobSet mode's defaults): the policy is applied to a `serde_json::Value`
-//! copy of the JobSet as the client sent it, and the patch is `json_patch::diff` of the two. The
-//! copy is the whole object, never typed structs, so a field this crate does not model is read
-//! as it is and kept: a rule can only change what it writes.
+//! copy of the JobSet's spec as the client sent it (nothing else of a JobSet is wired), and the
+//! patch is the diff of the two: `json_patch::diff`'s operations, made by [`diff`] without its
+//! general costs. The copy is the whole spec, never typed structs, so a field this crate does
+//! not model is read as it is and kept: a rule can only change what it writes.
 //!
 //! The edit is a few named steps, one per level of the JobSet ([`jobset`], [`replicated_job`],
 //! [`pod_spec`], [`container`]), each a list of one-line rules on an [`edit::Obj`]:
@@ -20,8 +21,11 @@
 //! `tests/policy/enforce.rs` checks that a user's value at every path the policy writes survives
 //! where the contract says so.
 
+mod diff;
 mod edit;
 mod items;
+
+use std::borrow::Cow;
 
 use json_patch::Patch;
 use serde::Serialize;
@@ -56,9 +60,14 @@ const IN_ORDER: &str = "InOrder";
 /// # Errors
 /// [`MutationError`] when a location the policy writes holds a value of the wrong JSON type.
 pub fn enforce_mpi_policy(plan: &MpiPlan, jobset: &Value) -> Result<Patch, MutationError> {
-    let mut edited = jobset.clone();
-    wire(plan, &mut edited)?;
-    Ok(json_patch::diff(jobset, &edited))
+    // Only the spec is wired: the rest of the JobSet is neither copied nor compared, and the
+    // diff of the whole JobSet is the spec's, under `/spec`.
+    let Some(spec) = jobset.get("spec").filter(|s| s.is_object()) else {
+        return Ok(Patch::default());
+    };
+    let mut edited = spec.clone();
+    wire_spec(plan, &mut edited)?;
+    Ok(diff::diff(spec, &mut edited, "/spec"))
 }
 
 /// Gives `jobset` the MPI wiring of `plan`, in place.
@@ -71,6 +80,11 @@ pub fn wire(plan: &MpiPlan, jobset: &mut Value) -> Result<(), MutationError> {
     let Some(spec) = jobset.get_mut("spec").filter(|s| s.is_object()) else {
         return Ok(());
     };
+    wire_spec(plan, spec)
+}
+
+/// Gives the JobSet's `spec` object the MPI wiring of `plan`, in place.
+fn wire_spec(plan: &MpiPlan, spec: &mut Value) -> Result<(), MutationError> {
     self::jobset(plan, &Items::new(plan), Obj::new(spec, "spec".to_owned())?)
 }
 
@@ -205,7 +219,7 @@ fn pod_spec(
     let preflight = items.defaults.as_ref().and_then(|d| d.preflight.as_ref());
     if let (true, Some(preflight)) = (is_launcher, preflight) {
         let after = items.generated.as_ref().map(|_| SSH_SETUP_CONTAINER);
-        insert_init(&mut pod, PREFLIGHT_CONTAINER, preflight, after)?;
+        insert_init(&mut pod, PREFLIGHT_CONTAINER, || preflight.clone(), after)?;
     }
     // C.4 and C.5: on the wired containers only (in TrainJob mode those named `node`).
     let field = pod.at("containers");
@@ -235,21 +249,21 @@ fn ssh_setup_step(plan: &MpiPlan, g: &Generated, pod: &mut Obj<'_>) -> Result<()
                     plan.wired_container
                         .wires(*c, entry.get("name").and_then(Value::as_str))
                 })
-                .map(|(_, entry)| ssh_setup::init_container(entry, g.port))
+                .map(|(_, entry)| g.init_container.for_wired(entry))
         });
     match wired {
-        Some(setup) => insert_init(pod, SSH_SETUP_CONTAINER, &setup, None),
+        Some(setup) => insert_init(pod, SSH_SETUP_CONTAINER, || setup, None),
         None => Ok(()),
     }
 }
 
-/// Inserts init container `container`, named `name`, right after the one named `after` when
+/// Inserts init container `container()`, named `name`, right after the one named `after` when
 /// the pod has it, else first; nothing when the pod has a container or an init container of
 /// that name already.
 fn insert_init(
     pod: &mut Obj<'_>,
     name: &str,
-    container: &Value,
+    container: impl FnOnce() -> Value,
     after: Option<&str>,
 ) -> Result<(), MutationError> {
     let taken = pod
@@ -267,7 +281,7 @@ fn insert_init(
                     .position(|c| c.get("name").and_then(Value::as_str) == Some(after))
             })
             .map_or(0, |p| p + 1);
-        init.insert(at, container.clone());
+        init.insert(at, container());
     }
     Ok(())
 }
@@ -342,7 +356,8 @@ struct Generated {
     runtime_volume: Value,
     /// The wired containers' mounts, in place of the Secret's.
     mounts: [Value; 2],
-    port: u16,
+    /// What the init container has in every pod.
+    init_container: Cow<'static, ssh_setup::InitContainer>,
 }
 
 struct Defaults {
@@ -400,7 +415,7 @@ impl Items {
             generated: generated.then(|| Generated {
                 runtime_volume: ssh_setup::runtime_volume(),
                 mounts: ssh_setup::container_mounts(),
-                port,
+                init_container: ssh_setup::InitContainer::for_port(port),
             }),
         }
     }

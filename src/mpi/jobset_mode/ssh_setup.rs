@@ -8,6 +8,9 @@
 //!
 //! Pure: the entries the mutation writes, as JSON, and the script. No I/O.
 
+use std::borrow::Cow;
+use std::sync::LazyLock;
+
 use serde_json::{Map, Value, json};
 
 use crate::mpi::{
@@ -87,44 +90,99 @@ const COPIED_SECURITY: [&str; 3] = ["runAsUser", "runAsGroup", "runAsNonRoot"];
 /// the user wrote it): that container's image, user and group, the script for sshd on `port`,
 /// and what the `restricted` Pod Security Standard asks of a container.
 pub fn init_container(wired: &Value, port: u16) -> Value {
-    let mut security = Map::new();
-    for key in COPIED_SECURITY {
-        if let Some(value) = wired
-            .pointer(&format!("/securityContext/{key}"))
-            .filter(|v| !v.is_null())
-        {
-            security.insert(key.to_string(), value.clone());
+    InitContainer::for_port(port).for_wired(wired)
+}
+
+/// What every `mpi-ssh-setup` init container for sshd on one port has, whatever the pod: made
+/// once (once per process for [`GENERATED_SSH_PORT`]), then copied into each pod with what its
+/// wired container gives it.
+#[derive(Debug, Clone)]
+pub struct InitContainer {
+    /// Its members but `image` and `securityContext`: `name`, then `command` (with the
+    /// script), `volumeMounts`, `terminationMessagePolicy` and `resources`, in that order.
+    members: Map<String, Value>,
+    /// The members of `securityContext` after those copied from the wired container.
+    restricted: Map<String, Value>,
+}
+
+/// The init container for sshd on [`GENERATED_SSH_PORT`], the default.
+static DEFAULT_PORT_INIT_CONTAINER: LazyLock<InitContainer> =
+    LazyLock::new(|| InitContainer::new(GENERATED_SSH_PORT));
+
+impl InitContainer {
+    /// The init container for sshd on `port`.
+    pub fn new(port: u16) -> Self {
+        let mut members = Map::new();
+        members.insert("name".into(), json!(SSH_SETUP_CONTAINER));
+        members.insert("command".into(), json!(["sh", "-c", script(port)]));
+        members.insert(
+            "volumeMounts".into(),
+            json!([
+                {"name": SSH_AUTH_VOLUME, "mountPath": SECRET_DIR, "readOnly": true},
+                {"name": RUNTIME_VOLUME, "mountPath": RUNTIME_DIR},
+            ]),
+        );
+        members.insert(
+            "terminationMessagePolicy".into(),
+            json!("FallbackToLogsOnError"),
+        );
+        members.insert(
+            "resources".into(),
+            json!({
+                "requests": {"cpu": "10m", "memory": "16Mi"},
+                "limits": {"cpu": "100m", "memory": "32Mi"}
+            }),
+        );
+        let mut restricted = Map::new();
+        restricted.insert("allowPrivilegeEscalation".into(), json!(false));
+        restricted.insert("capabilities".into(), json!({"drop": ["ALL"]}));
+        restricted.insert("seccompProfile".into(), json!({"type": "RuntimeDefault"}));
+        Self {
+            members,
+            restricted,
         }
     }
-    security.insert("allowPrivilegeEscalation".into(), json!(false));
-    security.insert("capabilities".into(), json!({"drop": ["ALL"]}));
-    security.insert("seccompProfile".into(), json!({"type": "RuntimeDefault"}));
-    let mut container = Map::new();
-    container.insert("name".into(), json!(SSH_SETUP_CONTAINER));
-    if let Some(image) = wired.get("image").filter(|v| !v.is_null()) {
-        container.insert("image".into(), image.clone());
+
+    /// The init container for sshd on `port`: the one made at start for the default port, else
+    /// a new one.
+    pub fn for_port(port: u16) -> Cow<'static, Self> {
+        if port == GENERATED_SSH_PORT {
+            Cow::Borrowed(&DEFAULT_PORT_INIT_CONTAINER)
+        } else {
+            Cow::Owned(Self::new(port))
+        }
     }
-    container.insert("command".into(), json!(["sh", "-c", script(port)]));
-    container.insert(
-        "volumeMounts".into(),
-        json!([
-            {"name": SSH_AUTH_VOLUME, "mountPath": SECRET_DIR, "readOnly": true},
-            {"name": RUNTIME_VOLUME, "mountPath": RUNTIME_DIR},
-        ]),
-    );
-    container.insert(
-        "terminationMessagePolicy".into(),
-        json!("FallbackToLogsOnError"),
-    );
-    container.insert(
-        "resources".into(),
-        json!({
-            "requests": {"cpu": "10m", "memory": "16Mi"},
-            "limits": {"cpu": "100m", "memory": "32Mi"}
-        }),
-    );
-    container.insert("securityContext".into(), Value::Object(security));
-    Value::Object(container)
+
+    /// The init container for a pod whose wired container is `wired` (its JSON, as the user
+    /// wrote it): that container's image, user and group.
+    pub fn for_wired(&self, wired: &Value) -> Value {
+        let copied: Vec<(&str, &Value)> = COPIED_SECURITY
+            .iter()
+            .filter_map(|key| {
+                let value = wired.get("securityContext")?.get(key)?;
+                (!value.is_null()).then_some((*key, value))
+            })
+            .collect();
+        let security = if copied.is_empty() {
+            self.restricted.clone()
+        } else {
+            let mut security = Map::new();
+            for (key, value) in copied {
+                security.insert(key.to_owned(), value.clone());
+            }
+            for (key, value) in &self.restricted {
+                security.insert(key.clone(), value.clone());
+            }
+            security
+        };
+        let mut container = self.members.clone();
+        // After `name`.
+        if let Some(image) = wired.get("image").filter(|v| !v.is_null()) {
+            container.shift_insert(1, "image".into(), image.clone());
+        }
+        container.insert("securityContext".into(), Value::Object(security));
+        Value::Object(container)
+    }
 }
 
 /// The init container's script, for sshd on `port`. POSIX `sh` and only `cat`, `cp`, `chmod`,
