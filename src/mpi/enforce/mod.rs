@@ -1,9 +1,9 @@
 //! The JobSet mutation (section C of docs/behaviour.md: what Trainer's controller puts into the
 //! JobSet for MPI, and JobSet mode's defaults): the policy is applied to a `serde_json::Value`
 //! copy of the JobSet's spec as the client sent it (nothing else of a JobSet is wired), and the
-//! patch is the diff of the two: `json_patch::diff`'s operations, made by [`diff`] without its
-//! general costs. The copy is the whole spec, never typed structs, so a field this crate does
-//! not model is read as it is and kept: a rule can only change what it writes.
+//! patch is `json_patch::diff` of the two, under `/spec`. The copy is the whole spec, never typed
+//! structs, so a field this crate does not model is read as it is and kept: a rule can only
+//! change what it writes.
 //!
 //! The edit is a few named steps, one per level of the JobSet ([`jobset`], [`replicated_job`],
 //! [`pod_spec`], [`container`]), each a list of one-line rules on an [`edit::Obj`]:
@@ -21,13 +21,12 @@
 //! `tests/policy/enforce.rs` checks that a user's value at every path the policy writes survives
 //! where the contract says so.
 
-mod diff;
 mod edit;
 mod items;
 
 use std::borrow::Cow;
 
-use json_patch::Patch;
+use json_patch::{Patch, PatchOperation};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -67,7 +66,30 @@ pub fn enforce_mpi_policy(plan: &MpiPlan, jobset: &Value) -> Result<Patch, Mutat
     };
     let mut edited = spec.clone();
     wire_spec(plan, &mut edited)?;
-    Ok(diff::diff(spec, &mut edited, "/spec"))
+    let mut patch = json_patch::diff(spec, &edited);
+    for operation in &mut patch.0 {
+        under_spec(operation);
+    }
+    Ok(patch)
+}
+
+/// Moves an operation of the spec's diff to the same place in the JobSet (`json_patch::diff`
+/// makes only adds, removes and replaces; the others are moved too, `from` included).
+fn under_spec(operation: &mut PatchOperation) {
+    match operation {
+        PatchOperation::Add(o) => o.path.push_front("spec"),
+        PatchOperation::Remove(o) => o.path.push_front("spec"),
+        PatchOperation::Replace(o) => o.path.push_front("spec"),
+        PatchOperation::Test(o) => o.path.push_front("spec"),
+        PatchOperation::Move(o) => {
+            o.path.push_front("spec");
+            o.from.push_front("spec");
+        }
+        PatchOperation::Copy(o) => {
+            o.path.push_front("spec");
+            o.from.push_front("spec");
+        }
+    }
 }
 
 /// Gives `jobset` the MPI wiring of `plan`, in place.
