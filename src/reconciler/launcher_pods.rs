@@ -288,7 +288,7 @@ mod tests {
         .expect("Pod")
     }
 
-    fn preflight(name: &str, restarts: i32, code: i32, last_code: Option<i32>) -> Value {
+    fn init_status(name: &str, restarts: i32, code: i32, last_code: Option<i32>) -> Value {
         let terminated = |code: i32, message: &str| json!({"terminated": {"exitCode": code, "reason": "Error", "message": message}});
         json!({"name": name, "image": "i", "imageID": "", "ready": false,
                "restartCount": restarts, "state": terminated(code, LINE),
@@ -297,7 +297,7 @@ mod tests {
 
     fn failed(restarts: i32) -> Pod {
         let last = (restarts > 0).then_some(1);
-        pod("pi", "u-1", preflight("mpi-preflight", restarts, 1, last))
+        pod("pi", "u-1", init_status("mpi-preflight", restarts, 1, last))
     }
 
     /// An MPI TrainJob `tj` in `team` on ClusterTrainingRuntime `mpi` (Trainer's launcher
@@ -458,11 +458,11 @@ mod tests {
         let (events, mut handle, task, _leader) = launcher_pods(true);
         send(
             &events,
-            watcher::Event::Apply(pod("pi", "u-1", preflight("mpi-preflight", 0, 0, None))),
+            watcher::Event::Apply(pod("pi", "u-1", init_status("mpi-preflight", 0, 0, None))),
         );
         send(
             &events,
-            watcher::Event::Apply(pod("pi", "u-1", preflight("mpi-ssh-setup", 0, 1, None))),
+            watcher::Event::Apply(pod("pi", "u-1", init_status("mpi-ssh-setup", 0, 1, None))),
         );
         send(&events, watcher::Event::Apply(failed(0)));
         assert_eq!(
@@ -477,7 +477,11 @@ mod tests {
         // A failed pre-flight in a JobSet that is not a JobSet-mode one of the cache: nothing.
         send(
             &events,
-            watcher::Event::Apply(pod("other", "u-2", preflight("mpi-preflight", 0, 1, None))),
+            watcher::Event::Apply(pod(
+                "other",
+                "u-2",
+                init_status("mpi-preflight", 0, 1, None),
+            )),
         );
         // The container restarted and failed again: one more, for run 1 only.
         send(&events, watcher::Event::Apply(failed(1)));
@@ -523,7 +527,7 @@ mod tests {
     /// A launcher Pod of `jobset` whose containers are `names` (in order), with the
     /// statuses of `statuses` and a succeeded pre-flight.
     fn launcher(jobset: &str, uid: &str, names: &[&str], statuses: Value) -> Pod {
-        let mut pod = pod(jobset, uid, preflight("mpi-preflight", 0, 0, None));
+        let mut pod = pod(jobset, uid, init_status("mpi-preflight", 0, 0, None));
         pod.spec = Some(
             serde_json::from_value(json!({"containers": names.iter()
                 .map(|n| json!({"name": n, "image": "mpi"})).collect::<Vec<_>>()}))
@@ -538,7 +542,7 @@ mod tests {
     /// The status of container `name`: `restarts`, exit `code` now (with the output `OUT`),
     /// and exit `last` before the last restart.
     fn exited(name: &str, restarts: i32, code: i32, last: Option<i32>) -> Value {
-        let mut status = preflight(name, restarts, code, last);
+        let mut status = init_status(name, restarts, code, last);
         status["state"]["terminated"]["message"] = json!(OUT);
         status
     }

@@ -265,10 +265,10 @@ pub(super) async fn lead(shared: &Shared, leader: watch::Receiver<bool>, stop: T
         cache_metrics: shared.cache_metrics.clone(),
     };
     // Ends with the term; the controllers end once their reconciles in flight are done.
-    let preflights = async {
+    let failed_runs = async {
         futures::future::select(std::pin::pin!(launcher_pods.run()), stop).await;
     };
-    let controllers = futures::future::join3(train_jobs, jobset_reconciles, preflights);
+    let controllers = futures::future::join3(train_jobs, jobset_reconciles, failed_runs);
     // The watches run until the controllers are done (a reconcile in flight may still wait
     // for a cache), then stop with the term.
     futures::future::select(std::pin::pin!(controllers), std::pin::pin!(watches.run())).await;
