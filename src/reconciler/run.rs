@@ -352,7 +352,7 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
             dyntype: (),
             config: owned.clone(),
             resource: "secrets",
-            trim: identity,
+            trim: secret_read,
         },
         Some(triggers.owners(|_| {})),
     );
@@ -449,7 +449,7 @@ impl Triggers {
         let triggers = self.clone();
         Box::new(move |event| {
             if let watcher::Event::Apply(owner) | watcher::Event::InitApply(owner) = event {
-                let _ = to(&triggers).unbounded_send(ObjectRef::from_obj(owner));
+                let _ = to(&triggers).unbounded_send(bare(ObjectRef::from_obj(owner)));
             }
         })
     }
@@ -463,7 +463,7 @@ impl Triggers {
         Box::new(move |event| {
             if let watcher::Event::Apply(runtime) | watcher::Event::InitApply(runtime) = event {
                 for job in users(runtime) {
-                    let _ = triggers.train_jobs.unbounded_send(job);
+                    let _ = triggers.train_jobs.unbounded_send(bare(job));
                 }
             }
         })
@@ -492,12 +492,30 @@ impl Triggers {
         let namespace = child.namespace.as_deref();
         for owner in child.owner_references.iter().flatten() {
             if let Some(job) = ObjectRef::<TrainJob>::from_owner_ref(namespace, owner, ()) {
-                let _ = self.train_jobs.unbounded_send(job);
+                let _ = self.train_jobs.unbounded_send(bare(job));
             } else if let Some(jobset) = ObjectRef::<JobSet>::from_owner_ref(namespace, owner, ()) {
-                let _ = self.jobsets.unbounded_send(jobset);
+                let _ = self.jobsets.unbounded_send(bare(jobset));
             }
         }
     }
+}
+
+/// A request without the UID and resource version kube's references carry: the controllers'
+/// queues hold one per owner (10,000 at a start), and they find the owner by namespace and name
+/// alone (a reference's equality and hash ignore the rest).
+fn bare<K: Resource>(mut request: ObjectRef<K>) -> ObjectRef<K> {
+    request.extra = Default::default();
+    request
+}
+
+/// What the reconciler reads of a Secret of ours: whether it exists (`ensure_secret`) and, in
+/// the watch's events, its owners (who to reconcile when it changes). Its identity
+/// ([`identity`]) without its UID, and without the `apiVersion`/`kind` a metadata list gives
+/// every item (`PartialObjectMetadata`, the same for all): nobody reads either.
+fn secret_read(secret: &mut PartialObjectMeta<Secret>) {
+    identity(secret);
+    secret.metadata.uid = None;
+    secret.types = None;
 }
 
 /// The labels and annotations JobSet mode reads all start with this.
@@ -508,30 +526,62 @@ const OURS: &str = "mpi-webhook.io/";
 /// timestamp), our label and our annotations (its settings), and of its spec the counts,
 /// containers and subdomain the hostfile is made of (not `dependsOn` nor the Job templates'
 /// labels, which only admission reads).
+///
+/// Our label and our annotations are kept in **one** map, the annotations' (a map costs a
+/// B-tree node of about 540 bytes however few its entries: 5 MiB at 10,000 JobSets for the
+/// second one): the label under its own key, [`IMPLEMENTATION_LABEL`], and no labels. Safe
+/// because no annotation of that key is read by anybody (the settings read the key as a label
+/// only), so the one a JobSet may carry is dropped, and because every reader of this cache
+/// reads it through [`jobset_as_read`], which puts the label back where the settings read it:
+/// the JobSet controller ([`super::owners`]) and the launcher-Pod watch. The cached form has no
+/// labels, while every cached JobSet has the label (the watch selects by it).
 pub(super) fn jobset_read(jobset: &mut JobSet) {
     let ours = |map: Option<BTreeMap<String, String>>| {
-        let kept: BTreeMap<String, String> = map
-            .into_iter()
+        map.into_iter()
             .flatten()
-            .filter(|(key, _)| key.starts_with(OURS))
-            .collect();
-        (!kept.is_empty()).then_some(kept)
+            .filter(|(key, _)| key.starts_with(OURS) && key != IMPLEMENTATION_LABEL)
     };
     let meta = &mut jobset.metadata;
+    let label = meta
+        .labels
+        .take()
+        .and_then(|mut labels| labels.remove_entry(IMPLEMENTATION_LABEL));
+    let kept: BTreeMap<String, String> = ours(meta.annotations.take()).chain(label).collect();
     *meta = ObjectMeta {
         name: meta.name.take(),
         namespace: meta.namespace.take(),
         uid: meta.uid.take(),
         owner_references: meta.owner_references.take(),
         deletion_timestamp: meta.deletion_timestamp.take(),
-        labels: ours(meta.labels.take()),
-        annotations: ours(meta.annotations.take()),
+        annotations: (!kept.is_empty()).then_some(kept),
         ..ObjectMeta::default()
     };
     for rjob in &mut jobset.spec.replicated_jobs {
         rjob.depends_on = None;
         rjob.template.metadata.labels = None;
     }
+}
+
+/// A JobSet of the JobSet cache as the settings read it: [`jobset_read`]'s one map split back
+/// into our label and our annotations (a copy, for as long as one reconcile or one launcher
+/// Pod needs it). A JobSet that has labels is not in the cached form and is used as is.
+pub(super) fn jobset_as_read(cached: &JobSet) -> std::borrow::Cow<'_, JobSet> {
+    let meta = &cached.metadata;
+    let label = meta
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(IMPLEMENTATION_LABEL));
+    if meta.labels.is_some() || label.is_none() {
+        return std::borrow::Cow::Borrowed(cached);
+    }
+    let mut jobset = cached.clone();
+    let meta = &mut jobset.metadata;
+    let mut annotations = meta.annotations.take().unwrap_or_default();
+    meta.labels = annotations
+        .remove_entry(IMPLEMENTATION_LABEL)
+        .map(|label| BTreeMap::from([label]));
+    meta.annotations = (!annotations.is_empty()).then_some(annotations);
+    std::borrow::Cow::Owned(jobset)
 }
 
 /// Maps a changed runtime of `kind` to the TrainJobs that use it.

@@ -25,7 +25,7 @@ use tokio::sync::watch;
 use kube::runtime::reflector::ObjectRef;
 
 use super::context::RETRY_MAX;
-use super::run::{Shared, Triggers, jobset_read, lead, managed_selector, users_of};
+use super::run::{Shared, Triggers, jobset_as_read, jobset_read, lead, managed_selector, users_of};
 use super::writes::applied;
 use super::*;
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
@@ -1398,6 +1398,14 @@ fn cached_jobsets_keep_only_what_jobset_mode_reads() {
     jobset_read(&mut jobset);
     assert_eq!(
         serde_json::to_value(&jobset.metadata).expect("json"),
+        json!({"name": "pi", "namespace": "team", "uid": "u",
+               "annotations": {"mpi-webhook.io/implementation": "OpenMPI",
+                               "mpi-webhook.io/ssh-port": "2222"},
+               "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "o1"}]})
+    );
+    // Its readers see our label and annotations where the settings read them.
+    assert_eq!(
+        serde_json::to_value(&jobset_as_read(&jobset).metadata).expect("json"),
         json!({"name": "pi", "namespace": "team", "uid": "u",
                "labels": {"mpi-webhook.io/implementation": "OpenMPI"},
                "annotations": {"mpi-webhook.io/ssh-port": "2222"},
