@@ -35,6 +35,7 @@ use super::launcher_pods::LauncherPods;
 use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};
 use super::metrics::ReconcileMetrics;
 use super::reconcile::{error_policy, reconcile};
+use super::writes::cached_data;
 
 /// Timeout of every Lease request: below the renewal grace, so a hung renewal fails (and the
 /// replica steps down) before the Lease can expire and be taken by another replica.
@@ -363,7 +364,7 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
             dyntype: (),
             config: owned.clone(),
             resource: "configmaps",
-            trim: identity,
+            trim: configmap_read,
         },
         Some(triggers.owners(move |event| seen.observe(event))),
     );
@@ -516,6 +517,15 @@ fn secret_read(secret: &mut PartialObjectMeta<Secret>) {
     identity(secret);
     secret.metadata.uid = None;
     secret.types = None;
+}
+
+/// What the reconciler reads of a hostfile ConfigMap of ours: whether it is in place
+/// (`writes::applied`, each of our data values compared by its digest) and, in the watch's
+/// events, its owners and its name (the `Applied` records). Its identity ([`identity`]) and its
+/// hostfile's digest ([`cached_data`]), not the hostfile itself.
+fn configmap_read(configmap: &mut ConfigMap) {
+    identity(configmap);
+    cached_data(configmap);
 }
 
 /// The labels and annotations JobSet mode reads all start with this.
