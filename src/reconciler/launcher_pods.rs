@@ -34,9 +34,9 @@ use crate::mpi::plan::WiredContainer;
 use crate::objects::cluster::{CacheMetrics, ClusterObjects, retried, watch_config};
 use crate::objects::runtime_of;
 
+use super::cached::jobset_as_read;
 use super::events::Events;
 use super::metrics::ReconcileMetrics;
-use super::run::jobset_as_read;
 
 /// What the launcher-Pod watch needs, for one leadership term.
 pub(super) struct LauncherPods {

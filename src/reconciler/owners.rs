@@ -13,9 +13,9 @@ use crate::mpi::Owner;
 use crate::mpi::objects_for::{Desired, Owned, desired};
 use crate::objects::{Unresolved, runtime_of};
 
+use super::cached::jobset_as_read;
 use super::context::Context;
 use super::error::Error;
-use super::run::jobset_as_read;
 
 /// An owner of MPI objects: a [`TrainJob`] or a JobSet-mode [`JobSet`].
 pub trait MpiOwner:

@@ -1,7 +1,6 @@
 //! Wiring of `mpi-webhook reconcile`: the kube client, the probe server, leader election and,
 //! for each leadership term, fresh [`Controller`]s over TrainJobs and JobSet-mode JobSets.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +27,7 @@ use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
 use crate::objects::cluster::{CacheMetrics, Observer, Watch, Watches, identity, watch_config};
 use crate::shell::probes::{self, Gate, Readiness};
 
+use super::cached::{configmap_read, jobset_read, secret_read, secret_stored};
 use super::context::{Applied, AppliedConfigMaps, Context, ContextParts};
 use super::error::Error;
 use super::events::Events;
@@ -35,7 +35,6 @@ use super::launcher_pods::LauncherPods;
 use super::leader::{LeaseSettings, TermEnd, elect, run_while_leader};
 use super::metrics::ReconcileMetrics;
 use super::reconcile::{error_policy, reconcile};
-use super::writes::cached_data;
 
 /// Timeout of every Lease request: below the renewal grace, so a hung renewal fails (and the
 /// replica steps down) before the Lease can expire and be taken by another replica.
@@ -347,7 +346,7 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
     let applied = Arc::<AppliedConfigMaps>::default();
     let applied_policies = Arc::<Applied<NetworkPolicy>>::default();
     let owned = watch_config().labels(&managed_selector());
-    let secrets = watches.watch(
+    let secrets = watches.watch_stored(
         Watch {
             api: Api::<PartialObjectMeta<Secret>>::all(client.clone()),
             dyntype: (),
@@ -355,6 +354,7 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
             resource: "secrets",
             trim: secret_read,
         },
+        Some(secret_stored),
         Some(triggers.owners(|_| {})),
     );
     let seen = Arc::clone(&applied);
@@ -507,91 +507,6 @@ impl Triggers {
 fn bare<K: Resource>(mut request: ObjectRef<K>) -> ObjectRef<K> {
     request.extra = Default::default();
     request
-}
-
-/// What the reconciler reads of a Secret of ours: whether it exists (`ensure_secret`) and, in
-/// the watch's events, its owners (who to reconcile when it changes). Its identity
-/// ([`identity`]) without its UID, and without the `apiVersion`/`kind` a metadata list gives
-/// every item (`PartialObjectMetadata`, the same for all): nobody reads either.
-fn secret_read(secret: &mut PartialObjectMeta<Secret>) {
-    identity(secret);
-    secret.metadata.uid = None;
-    secret.types = None;
-}
-
-/// What the reconciler reads of a hostfile ConfigMap of ours: whether it is in place
-/// (`writes::applied`, each of our data values compared by its digest) and, in the watch's
-/// events, its owners and its name (the `Applied` records). Its identity ([`identity`]) and its
-/// hostfile's digest ([`cached_data`]), not the hostfile itself.
-fn configmap_read(configmap: &mut ConfigMap) {
-    identity(configmap);
-    cached_data(configmap);
-}
-
-/// The labels and annotations JobSet mode reads all start with this.
-const OURS: &str = "mpi-webhook.io/";
-
-/// What the JobSet controller and the launcher-Pod watch read of a JobSet-mode JobSet, the rest
-/// dropped before it is cached: its identity (name, namespace, UID, owner references, deletion
-/// timestamp), our label and our annotations (its settings), and of its spec the counts,
-/// containers and subdomain the hostfile is made of (not `dependsOn` nor the Job templates'
-/// labels, which only admission reads).
-///
-/// Our label and our annotations are kept in **one** map, the annotations' (a map costs a
-/// B-tree node of about 540 bytes however few its entries: 5 MiB at 10,000 JobSets for the
-/// second one): the label under its own key, [`IMPLEMENTATION_LABEL`], and no labels. Safe
-/// because no annotation of that key is read by anybody (the settings read the key as a label
-/// only), so the one a JobSet may carry is dropped, and because every reader of this cache
-/// reads it through [`jobset_as_read`], which puts the label back where the settings read it:
-/// the JobSet controller ([`super::owners`]) and the launcher-Pod watch. The cached form has no
-/// labels, while every cached JobSet has the label (the watch selects by it).
-pub(super) fn jobset_read(jobset: &mut JobSet) {
-    let ours = |map: Option<BTreeMap<String, String>>| {
-        map.into_iter()
-            .flatten()
-            .filter(|(key, _)| key.starts_with(OURS) && key != IMPLEMENTATION_LABEL)
-    };
-    let meta = &mut jobset.metadata;
-    let label = meta
-        .labels
-        .take()
-        .and_then(|mut labels| labels.remove_entry(IMPLEMENTATION_LABEL));
-    let kept: BTreeMap<String, String> = ours(meta.annotations.take()).chain(label).collect();
-    *meta = ObjectMeta {
-        name: meta.name.take(),
-        namespace: meta.namespace.take(),
-        uid: meta.uid.take(),
-        owner_references: meta.owner_references.take(),
-        deletion_timestamp: meta.deletion_timestamp.take(),
-        annotations: (!kept.is_empty()).then_some(kept),
-        ..ObjectMeta::default()
-    };
-    for rjob in &mut jobset.spec.replicated_jobs {
-        rjob.depends_on = None;
-        rjob.template.metadata.labels = None;
-    }
-}
-
-/// A JobSet of the JobSet cache as the settings read it: [`jobset_read`]'s one map split back
-/// into our label and our annotations (a copy, for as long as one reconcile or one launcher
-/// Pod needs it). A JobSet that has labels is not in the cached form and is used as is.
-pub(super) fn jobset_as_read(cached: &JobSet) -> std::borrow::Cow<'_, JobSet> {
-    let meta = &cached.metadata;
-    let label = meta
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(IMPLEMENTATION_LABEL));
-    if meta.labels.is_some() || label.is_none() {
-        return std::borrow::Cow::Borrowed(cached);
-    }
-    let mut jobset = cached.clone();
-    let meta = &mut jobset.metadata;
-    let mut annotations = meta.annotations.take().unwrap_or_default();
-    meta.labels = annotations
-        .remove_entry(IMPLEMENTATION_LABEL)
-        .map(|label| BTreeMap::from([label]));
-    meta.annotations = (!annotations.is_empty()).then_some(annotations);
-    std::borrow::Cow::Owned(jobset)
 }
 
 /// Maps a changed runtime of `kind` to the TrainJobs that use it.

@@ -24,9 +24,10 @@ use tokio::sync::watch;
 
 use kube::runtime::reflector::ObjectRef;
 
+use super::cached::{cached_data, jobset_as_read, jobset_read};
 use super::context::RETRY_MAX;
-use super::run::{Shared, Triggers, jobset_as_read, jobset_read, lead, managed_selector, users_of};
-use super::writes::{applied, cached_data};
+use super::run::{Shared, Triggers, lead, managed_selector, users_of};
+use super::writes::applied;
 use super::*;
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
 use crate::mpi::objects_for;

@@ -13,6 +13,7 @@ use kube::{Api, Resource};
 use crate::mpi::ssh_secret::ssh_secret;
 use crate::mpi::{HOSTFILE_NAME, MANAGED_BY_LABEL, MANAGER, Owner, ssh_secret_name};
 
+use super::cached::digest;
 use super::conflict;
 use super::context::{Applied, Context};
 use super::error::{Error, HostfileConflict, TRAINER_MANAGER};
@@ -244,7 +245,7 @@ async fn trainer_conflict(
 /// we set is present with our value. Keys others added are not ours to remove (server-side
 /// apply keeps them too), so they do not count as drift.
 ///
-/// `cached` is in the cache's form ([`cached_data`]): the value of each data key we set is its
+/// `cached` is in the cache's form ([`super::cached::configmap_read`]): the value of each data key we set is its
 /// digest, so each of ours is compared by its digest.
 pub(super) fn applied(cached: &ConfigMap, desired: &ConfigMap) -> bool {
     let have = cached.data.as_ref();
@@ -254,27 +255,6 @@ pub(super) fn applied(cached: &ConfigMap, desired: &ConfigMap) -> bool {
         .flatten()
         .all(|(k, v)| have.and_then(|h| h.get(k)).is_some_and(|d| *d == digest(v)))
         && metadata_in_place(&cached.metadata, &desired.metadata)
-}
-
-/// What the ConfigMap cache keeps of a ConfigMap's `data`: the key we set (`hostfile`, the only
-/// one [`crate::mpi::hostfile::hostfile_configmap`] writes), its value replaced by its
-/// [`digest`]; the keys others added are dropped ([`applied`] compares only the keys we set).
-/// At 10,000 jobs the hostfiles were most of the cache's bytes besides the objects themselves.
-pub(super) fn cached_data(configmap: &mut ConfigMap) {
-    configmap.binary_data = None;
-    configmap.data = configmap
-        .data
-        .take()
-        .and_then(|mut data| data.remove_entry(HOSTFILE_NAME))
-        .map(|(key, value)| std::collections::BTreeMap::from([(key, digest(&value))]));
-}
-
-/// SHA-256 of `value`, in unpadded base64: equal exactly when the values are (nobody can make
-/// another hostfile with our digest and have its drift pass for ours).
-fn digest(value: &str) -> String {
-    use base64::Engine as _;
-    let sum = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, value.as_bytes());
-    base64::engine::general_purpose::STANDARD_NO_PAD.encode(sum.as_ref())
 }
 
 /// Every label and owner reference we set is present with our value (others' additions are
