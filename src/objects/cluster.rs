@@ -200,18 +200,40 @@ impl Watches {
         K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
         K::DynamicType: Eq + Hash + Clone + Send + Sync,
     {
-        let writer = Writer::new(what.dyntype);
+        self.watch_stored(what, None, observe)
+    }
+
+    /// [`Self::watch`], with `stored` (if any) cutting the cache's copy of each object further
+    /// than [`Watch::trim`]: for a kind whose cache is read for less than its events are (the
+    /// observer is shown each object as `trim` left it). Costs a copy of each event's object.
+    pub fn watch_stored<K>(
+        &mut self,
+        what: Watch<K>,
+        stored: Option<fn(&mut K)>,
+        observe: Option<Observer<K>>,
+    ) -> Store<K>
+    where
+        K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K::DynamicType: Eq + Hash + Clone + Send + Sync,
+    {
+        let mut writer = Writer::new(what.dyntype);
         let store = writer.as_reader();
         let events = retried(
             watcher(what.api, what.config).modify(what.trim),
             what.resource,
             &self.metrics,
         )
-        .modify(trimmed)
-        .reflect(writer);
+        .modify(trimmed);
+        // What kube's `reflect` does with a store nobody subscribes to: apply, then pass on.
         let driver = events.for_each(move |event| {
-            if let (Ok(event), Some(observe)) = (&event, &observe) {
-                observe(event);
+            if let Ok(event) = &event {
+                match stored {
+                    Some(cut) => writer.apply_watcher_event(&event.clone().modify(cut)),
+                    None => writer.apply_watcher_event(event),
+                }
+                if let Some(observe) = &observe {
+                    observe(event);
+                }
             }
             futures::future::ready(())
         });

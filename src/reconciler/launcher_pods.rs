@@ -34,6 +34,7 @@ use crate::mpi::plan::WiredContainer;
 use crate::objects::cluster::{CacheMetrics, ClusterObjects, retried, watch_config};
 use crate::objects::runtime_of;
 
+use super::cached::jobset_as_read;
 use super::events::Events;
 use super::metrics::ReconcileMetrics;
 
@@ -129,7 +130,7 @@ impl LauncherPods {
         if let Some(jobset) = self.jobsets.get(&ObjectRef::new(name).within(namespace)) {
             let mut failures = failed_runs(pod, Watched::Preflight);
             // Settings that do not parse were denied at admission; then only the pre-flight.
-            if let Ok(settings) = settings(&jobset.metadata) {
+            if let Ok(settings) = settings(&jobset_as_read(&jobset).metadata) {
                 let wired = WiredContainer::for_jobset(settings.container.as_deref());
                 failures.extend(failed_runs(pod, Watched::Launcher(&wired)));
             }

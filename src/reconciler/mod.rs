@@ -17,12 +17,14 @@
 //! deleting a live job's isolation on a flag change is not the reconciler's to decide.
 //!
 //! The files, in the order one depends on the next: `error` (why a reconcile failed),
-//! `context` (what it needs, and its retry rule), `writes` (each write), `owners` (what a
+//! `context` (what it needs, and its retry rule), `cached` (what the caches keep of each object,
+//! and a cached JobSet read back), `writes` (each write), `owners` (what a
 //! TrainJob and a JobSet-mode JobSet each need), `reconcile` (the controller's two callbacks,
 //! one pair for both kinds), `launcher_pods` (failed pre-flights and launcher runs as Events on
 //! the JobSet or TrainJob), then `run` (each term's watches and the two controllers over them,
 //! leader election and the probe server).
 
+mod cached;
 mod conflict;
 mod context;
 mod error;

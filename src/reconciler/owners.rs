@@ -13,6 +13,7 @@ use crate::mpi::Owner;
 use crate::mpi::objects_for::{Desired, Owned, desired};
 use crate::objects::{Unresolved, runtime_of};
 
+use super::cached::jobset_as_read;
 use super::context::Context;
 use super::error::Error;
 
@@ -60,7 +61,10 @@ impl MpiOwner for JobSet {
     const FAILED_REASON: &'static str = "MPIResourcesCreationFailed";
 
     async fn desired(&self, ctx: &Context) -> Result<Option<Desired>, Error> {
-        let desired = desired(Owned::JobSet(self), &ctx.object_options).map_err(Error::Policy)?;
+        // The cached JobSet keeps its label in its annotation map (`jobset_read`).
+        let jobset = jobset_as_read(self);
+        let desired =
+            desired(Owned::JobSet(&jobset), &ctx.object_options).map_err(Error::Policy)?;
         if desired.is_none() {
             tracing::debug!(name = self.name(), "not in JobSet mode");
         }

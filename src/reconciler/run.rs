@@ -1,7 +1,6 @@
 //! Wiring of `mpi-webhook reconcile`: the kube client, the probe server, leader election and,
 //! for each leadership term, fresh [`Controller`]s over TrainJobs and JobSet-mode JobSets.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,6 +27,7 @@ use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
 use crate::objects::cluster::{CacheMetrics, Observer, Watch, Watches, identity, watch_config};
 use crate::shell::probes::{self, Gate, Readiness};
 
+use super::cached::{configmap_read, jobset_read, secret_read, secret_stored};
 use super::context::{Applied, AppliedConfigMaps, Context, ContextParts};
 use super::error::Error;
 use super::events::Events;
@@ -346,14 +346,15 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
     let applied = Arc::<AppliedConfigMaps>::default();
     let applied_policies = Arc::<Applied<NetworkPolicy>>::default();
     let owned = watch_config().labels(&managed_selector());
-    let secrets = watches.watch(
+    let secrets = watches.watch_stored(
         Watch {
             api: Api::<PartialObjectMeta<Secret>>::all(client.clone()),
             dyntype: (),
             config: owned.clone(),
             resource: "secrets",
-            trim: identity,
+            trim: secret_read,
         },
+        Some(secret_stored),
         Some(triggers.owners(|_| {})),
     );
     let seen = Arc::clone(&applied);
@@ -363,7 +364,7 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
             dyntype: (),
             config: owned.clone(),
             resource: "configmaps",
-            trim: identity,
+            trim: configmap_read,
         },
         Some(triggers.owners(move |event| seen.observe(event))),
     );
@@ -449,7 +450,7 @@ impl Triggers {
         let triggers = self.clone();
         Box::new(move |event| {
             if let watcher::Event::Apply(owner) | watcher::Event::InitApply(owner) = event {
-                let _ = to(&triggers).unbounded_send(ObjectRef::from_obj(owner));
+                let _ = to(&triggers).unbounded_send(bare(ObjectRef::from_obj(owner)));
             }
         })
     }
@@ -463,7 +464,7 @@ impl Triggers {
         Box::new(move |event| {
             if let watcher::Event::Apply(runtime) | watcher::Event::InitApply(runtime) = event {
                 for job in users(runtime) {
-                    let _ = triggers.train_jobs.unbounded_send(job);
+                    let _ = triggers.train_jobs.unbounded_send(bare(job));
                 }
             }
         })
@@ -492,46 +493,20 @@ impl Triggers {
         let namespace = child.namespace.as_deref();
         for owner in child.owner_references.iter().flatten() {
             if let Some(job) = ObjectRef::<TrainJob>::from_owner_ref(namespace, owner, ()) {
-                let _ = self.train_jobs.unbounded_send(job);
+                let _ = self.train_jobs.unbounded_send(bare(job));
             } else if let Some(jobset) = ObjectRef::<JobSet>::from_owner_ref(namespace, owner, ()) {
-                let _ = self.jobsets.unbounded_send(jobset);
+                let _ = self.jobsets.unbounded_send(bare(jobset));
             }
         }
     }
 }
 
-/// The labels and annotations JobSet mode reads all start with this.
-const OURS: &str = "mpi-webhook.io/";
-
-/// What the JobSet controller and the launcher-Pod watch read of a JobSet-mode JobSet, the rest
-/// dropped before it is cached: its identity (name, namespace, UID, owner references, deletion
-/// timestamp), our label and our annotations (its settings), and of its spec the counts,
-/// containers and subdomain the hostfile is made of (not `dependsOn` nor the Job templates'
-/// labels, which only admission reads).
-pub(super) fn jobset_read(jobset: &mut JobSet) {
-    let ours = |map: Option<BTreeMap<String, String>>| {
-        let kept: BTreeMap<String, String> = map
-            .into_iter()
-            .flatten()
-            .filter(|(key, _)| key.starts_with(OURS))
-            .collect();
-        (!kept.is_empty()).then_some(kept)
-    };
-    let meta = &mut jobset.metadata;
-    *meta = ObjectMeta {
-        name: meta.name.take(),
-        namespace: meta.namespace.take(),
-        uid: meta.uid.take(),
-        owner_references: meta.owner_references.take(),
-        deletion_timestamp: meta.deletion_timestamp.take(),
-        labels: ours(meta.labels.take()),
-        annotations: ours(meta.annotations.take()),
-        ..ObjectMeta::default()
-    };
-    for rjob in &mut jobset.spec.replicated_jobs {
-        rjob.depends_on = None;
-        rjob.template.metadata.labels = None;
-    }
+/// A request without the UID and resource version kube's references carry: the controllers'
+/// queues hold one per owner (10,000 at a start), and they find the owner by namespace and name
+/// alone (a reference's equality and hash ignore the rest).
+fn bare<K: Resource>(mut request: ObjectRef<K>) -> ObjectRef<K> {
+    request.extra = Default::default();
+    request
 }
 
 /// Maps a changed runtime of `kind` to the TrainJobs that use it.

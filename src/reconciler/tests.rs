@@ -24,8 +24,9 @@ use tokio::sync::watch;
 
 use kube::runtime::reflector::ObjectRef;
 
+use super::cached::{cached_data, jobset_as_read, jobset_read};
 use super::context::RETRY_MAX;
-use super::run::{Shared, Triggers, jobset_read, lead, managed_selector, users_of};
+use super::run::{Shared, Triggers, lead, managed_selector, users_of};
 use super::writes::applied;
 use super::*;
 use crate::api::{JobSet, RuntimeKind, TrainJob, TrainingRuntime};
@@ -160,6 +161,13 @@ fn secret_metadata() -> PartialObjectMeta<Secret> {
     .expect("metadata")
 }
 
+/// `configmap` as the ConfigMap cache keeps it: its identity and its hostfile's digest.
+fn cached(mut configmap: ConfigMap) -> ConfigMap {
+    crate::objects::cluster::identity(&mut configmap);
+    cached_data(&mut configmap);
+    configmap
+}
+
 /// What is in the caches when the reconcile runs.
 #[derive(Default)]
 struct Caches {
@@ -210,7 +218,7 @@ fn fixture(caches: Caches) -> Fixture {
         client: client.clone(),
         objects,
         secrets: synced_store((), secrets),
-        configmaps: synced_store((), caches.configmap.into_iter().collect()),
+        configmaps: synced_store((), caches.configmap.map(cached).into_iter().collect()),
         network_policies: synced_store((), caches.network_policy.into_iter().collect()),
         applied: Arc::default(),
         applied_policies: Arc::default(),
@@ -415,8 +423,7 @@ where
 #[test]
 fn the_selector_label_is_taken_as_present_in_the_cache() {
     let desired: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
-    let mut cached = desired.clone();
-    crate::objects::cluster::identity(&mut cached);
+    let cached = cached(desired.clone());
     assert_eq!(cached.metadata.labels, None);
     assert!(applied(&cached, &desired));
     let mut more = desired.clone();
@@ -503,7 +510,7 @@ async fn edited_configmap_is_repaired_but_foreign_additions_are_not_drift() {
         .get_or_insert_default()
         .insert("extra".into(), "theirs".into());
     assert!(applied(
-        &added,
+        &cached(added),
         &serde_json::from_value(expected_configmap()).expect("cm")
     ));
 
@@ -735,9 +742,9 @@ async fn concurrent_reconciles_all_resume_when_the_caches_become_ready() {
     secrets.apply_watcher_event(&watcher::Event::Init);
     secrets.apply_watcher_event(&watcher::Event::InitApply(secret_metadata()));
     secrets.apply_watcher_event(&watcher::Event::InitDone);
-    let cached: ConfigMap = serde_json::from_value(expected_configmap()).expect("cm");
+    let configmap = serde_json::from_value(expected_configmap()).expect("cm");
     configmaps.apply_watcher_event(&watcher::Event::Init);
-    configmaps.apply_watcher_event(&watcher::Event::InitApply(cached));
+    configmaps.apply_watcher_event(&watcher::Event::InitApply(cached(configmap)));
     configmaps.apply_watcher_event(&watcher::Event::InitDone);
     // Caches up to date: each reconcile finishes without a call.
     for task in waiting {
@@ -1386,7 +1393,8 @@ fn cached_jobsets_keep_only_what_jobset_mode_reads() {
         "metadata": {"name": "pi", "namespace": "team", "uid": "u", "resourceVersion": "9",
             "generation": 2, "creationTimestamp": "2026-12-06T10:00:00Z",
             "labels": {"mpi-webhook.io/implementation": "OpenMPI", "team": "a"},
-            "annotations": {"mpi-webhook.io/ssh-port": "2222", "note": "x"},
+            "annotations": {"mpi-webhook.io/ssh-port": "2222", "note": "x",
+                            "mpi-webhook.io/implementation": "read by nobody"},
             "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "o1"}]},
         "spec": {"network": {"subdomain": "s"}, "replicatedJobs": [
             {"name": "node", "replicas": 1, "dependsOn": [{"name": "x", "status": "Ready"}],
@@ -1398,6 +1406,14 @@ fn cached_jobsets_keep_only_what_jobset_mode_reads() {
     jobset_read(&mut jobset);
     assert_eq!(
         serde_json::to_value(&jobset.metadata).expect("json"),
+        json!({"name": "pi", "namespace": "team", "uid": "u",
+               "annotations": {"mpi-webhook.io/implementation": "OpenMPI",
+                               "mpi-webhook.io/ssh-port": "2222"},
+               "ownerReferences": [{"apiVersion": "v1", "kind": "X", "name": "o", "uid": "o1"}]})
+    );
+    // Its readers see our label and annotations where the settings read them.
+    assert_eq!(
+        serde_json::to_value(&jobset_as_read(&jobset).metadata).expect("json"),
         json!({"name": "pi", "namespace": "team", "uid": "u",
                "labels": {"mpi-webhook.io/implementation": "OpenMPI"},
                "annotations": {"mpi-webhook.io/ssh-port": "2222"},

@@ -13,6 +13,7 @@ use kube::{Api, Resource};
 use crate::mpi::ssh_secret::ssh_secret;
 use crate::mpi::{HOSTFILE_NAME, MANAGED_BY_LABEL, MANAGER, Owner, ssh_secret_name};
 
+use super::cached::{cached_hostfile, digest};
 use super::conflict;
 use super::context::{Applied, Context};
 use super::error::{Error, HostfileConflict, TRAINER_MANAGER};
@@ -243,19 +244,14 @@ async fn trainer_conflict(
 /// Whether applying `desired` would change nothing: every data key, label and owner reference
 /// we set is present with our value. Keys others added are not ours to remove (server-side
 /// apply keeps them too), so they do not count as drift.
+///
+/// `cached` is in the cache's form ([`super::cached::configmap_read`]): of its data, only the
+/// digest of its hostfile, the one data key we set, to which ours is compared. (Another key we
+/// set would never count as in place: applied each time, never left drifted.)
 pub(super) fn applied(cached: &ConfigMap, desired: &ConfigMap) -> bool {
-    contains(cached.data.as_ref(), desired.data.as_ref())
-        && metadata_in_place(&cached.metadata, &desired.metadata)
-}
-
-/// Every entry of `want` is in `have` with the same value.
-fn contains<K: Ord, V: PartialEq>(
-    have: Option<&std::collections::BTreeMap<K, V>>,
-    want: Option<&std::collections::BTreeMap<K, V>>,
-) -> bool {
-    want.into_iter()
-        .flatten()
-        .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
+    desired.data.iter().flatten().all(|(key, value)| {
+        key == HOSTFILE_NAME && cached_hostfile(cached) == Some(digest(value).as_str())
+    }) && metadata_in_place(&cached.metadata, &desired.metadata)
 }
 
 /// Every label and owner reference we set is present with our value (others' additions are
