@@ -251,27 +251,17 @@ impl ControlPlane {
 
     /// The apiserver's count of writes (POST, PUT, PATCH, DELETE) per resource in [`WRITTEN`].
     async fn writes(&self) -> Result<[u64; 4], AnyError> {
-        let text = self
-            .client
-            .request_text(Request::get("/metrics").body(Vec::new())?)
-            .await?;
+        let text = apiserver_metrics(&self.client).await?;
         let mut counts = [0; 4];
-        for line in text.lines() {
-            let Some(labels) = line.strip_prefix("apiserver_request_total{") else {
-                continue;
-            };
-            let label = |key: &str| {
-                labels
-                    .split(&format!("{key}=\""))
-                    .nth(1)
-                    .and_then(|rest| rest.split('"').next())
-            };
+        for (labels, value) in samples(&text, "apiserver_request_total") {
             let write = matches!(
-                label("verb"),
+                label(labels, "verb"),
                 Some("POST" | "PUT" | "PATCH" | "APPLY" | "DELETE")
             );
-            let index = WRITTEN.iter().position(|r| Some(*r) == label("resource"));
-            if let (true, Some(index), Some(value)) = (write, index, line.rsplit(' ').next()) {
+            let index = WRITTEN
+                .iter()
+                .position(|r| Some(*r) == label(labels, "resource"));
+            if let (true, Some(index)) = (write, index) {
                 counts[index] += value.parse::<f64>()? as u64;
             }
         }
@@ -279,30 +269,43 @@ impl ControlPlane {
     }
 }
 
+/// The apiserver's own `/metrics` text.
+async fn apiserver_metrics(client: &Client) -> Result<String, AnyError> {
+    Ok(client
+        .request_text(Request::get("/metrics").body(Vec::new())?)
+        .await?)
+}
+
+/// Each sample of the metric family `name` in `text`: its labels (read with [`label`]) and
+/// its value.
+fn samples<'t>(text: &'t str, name: &str) -> impl Iterator<Item = (&'t str, &'t str)> {
+    let prefix = format!("{name}{{");
+    text.lines().filter_map(move |line| {
+        let labels = line.strip_prefix(prefix.as_str())?;
+        Some((labels, line.rsplit(' ').next()?))
+    })
+}
+
+/// The value of the label `key` in a sample's `labels`.
+fn label<'l>(labels: &'l str, key: &str) -> Option<&'l str> {
+    labels
+        .split(&format!("{key}=\""))
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+}
+
 /// Watches open on the apiserver, by resource: its own gauge
 /// `apiserver_longrunning_requests{verb="WATCH"}`, which counts every watch request it is
 /// serving (its own loopback informers' too: compare two readings).
 async fn open_watches(client: &Client) -> Result<BTreeMap<String, i64>, AnyError> {
-    let text = client
-        .request_text(Request::get("/metrics").body(Vec::new())?)
-        .await?;
+    let text = apiserver_metrics(client).await?;
     let mut watches = BTreeMap::new();
-    for line in text.lines() {
-        let Some(labels) = line.strip_prefix("apiserver_longrunning_requests{") else {
-            continue;
-        };
-        let label = |key: &str| {
-            labels
-                .split(&format!("{key}=\""))
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-        };
-        if label("verb") != Some("WATCH") {
+    for (labels, value) in samples(&text, "apiserver_longrunning_requests") {
+        if label(labels, "verb") != Some("WATCH") {
             continue;
         }
-        let resource = label("resource").unwrap_or_default().to_string();
-        let value = line.rsplit(' ').next().unwrap_or_default().parse::<f64>()? as i64;
-        *watches.entry(resource).or_insert(0) += value;
+        let resource = label(labels, "resource").unwrap_or_default().to_string();
+        *watches.entry(resource).or_insert(0) += value.parse::<f64>()? as i64;
     }
     Ok(watches)
 }
