@@ -3,7 +3,10 @@
 # From the first of:
 # 1. KUBEBUILDER_ASSETS, when set: used as it is (it must hold etcd and kube-apiserver);
 # 2. the team's copy beside the repository (envtest_src below): unpacked into target/envtest and
-#    checked against its SHA256SUMS (skipped when present and matching), etcd from Debian;
+#    checked against its SHA256SUMS (skipped when present and matching), etcd from Debian: the
+#    system's when it is 3.5.13 or later, else etcd-server from Debian 13 (apt checks its
+#    signature; nothing is installed on the system). Kubernetes 1.36's watch cache needs 3.5.13
+#    for its consistent and streamed lists (RequestWatchProgress); Debian 12 has 3.4.23;
 # 3. target/envtest as an earlier run of this script left it;
 # 4. the envtest release archive of the pinned version, what `setup-envtest use 1.36.x` downloads
 #    (etcd, kube-apiserver, kubectl; checked against the sha512 of controller-tools' index), and
@@ -21,6 +24,30 @@ dest="${ENVTEST_DIR:-target/envtest}"
 ENVTEST_INDEX_URL="${ENVTEST_INDEX_URL:-https://raw.githubusercontent.com/kubernetes-sigs/controller-tools/HEAD/envtest-releases.yaml}"
 KUBERNETES_RELEASE_URL="${KUBERNETES_RELEASE_URL:-https://dl.k8s.io/release}"
 has_control_plane() { [ -x "$1/etcd" ] && [ -x "$1/kube-apiserver" ]; }
+ETCD_MIN=3.5.13
+etcd_new_enough() { # the etcd binary $1 is $ETCD_MIN or later
+  local version
+  version="$("$1" --version 2>/dev/null | awk '/^etcd Version:/ { print $3 }')"
+  [ -n "$version" ] && [ "$(printf '%s\n' "$ETCD_MIN" "$version" | sort -V | head -n 1)" = "$ETCD_MIN" ]
+}
+debian_etcd() { # etcd from Debian 13's etcd-server into $dest, through apt with a list of its own
+  # Called as a condition, where `set -e` does not apply: every step says `|| return`.
+  local tmp opts
+  tmp="$(mktemp -d)" || return
+  trap 'rm -rf "$tmp"' RETURN
+  mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/parts" || return
+  echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" \
+    > "$tmp/sources.list" || return
+  opts=(-o Dir::Etc::SourceList="$tmp/sources.list" -o Dir::Etc::SourceParts="$tmp/parts"
+    -o Dir::State::Lists="$tmp/lists" -o Dir::Cache="$tmp/cache" -o Debug::NoLocking=1
+    -o APT::Sandbox::User=root)
+  echo "install-envtest: etcd $ETCD_MIN or later from Debian 13's etcd-server"
+  apt-get "${opts[@]}" -qq update >/dev/null || return
+  (cd "$tmp" && apt-get "${opts[@]}" -qq download etcd-server >/dev/null) || return
+  dpkg-deb -x "$tmp"/etcd-server_*.deb "$tmp/x" || return
+  etcd_new_enough "$tmp/x/usr/bin/etcd" || return
+  rm -f "$dest/etcd" && install -m 0755 "$tmp/x/usr/bin/etcd" "$dest/etcd" || return
+}
 unpack() { # SHA256SUMS file, then the binaries it lists, each from <name>.xz beside it
   local sums="$1"
   if ! (cd "$dest" && sha256sum --quiet -c "$sums" >/dev/null 2>&1); then
@@ -88,7 +115,15 @@ elif [ -d "$envtest_src" ]; then
     unpack "$src/SHA256SUMS.node"
   fi
   etcd_bin="$(command -v etcd)"
-  ln -sf "$etcd_bin" "$dest"/etcd
+  if etcd_new_enough "$etcd_bin"; then
+    ln -sf "$etcd_bin" "$dest"/etcd
+  elif [ -L "$dest/etcd" ] || ! etcd_new_enough "$dest/etcd"; then
+    if ! debian_etcd; then
+      # The watches then list in pages (src/objects/cluster.rs `events`): slower, as correct.
+      echo "install-envtest: warning: no etcd $ETCD_MIN or later; using $etcd_bin" >&2
+      ln -sf "$etcd_bin" "$dest"/etcd
+    fi
+  fi
 elif ! has_control_plane "$dest"; then
   if ! download_envtest; then
     echo "install-envtest: no control plane for tests/envtest: set KUBEBUILDER_ASSETS to a" \
