@@ -13,6 +13,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use futures::stream::BoxStream;
 use futures::{FutureExt, Stream, StreamExt, TryStreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
@@ -129,23 +130,89 @@ pub fn identity<K: Resource>(object: &mut K) {
     };
 }
 
-/// What every watch of ours starts with: its lists are answered from the API server's watch
-/// cache (`resourceVersion=0`, as client-go's informers list), not by a quorum read that
-/// decodes every object from etcd again (7% of the API server's CPU in a profile of the
-/// reconciler's start at 10,000 TrainJobs). Only the list changes; the watch after it does not.
+/// How a watch lists when the API server cannot stream its initial list ([`events`]): pages of
+/// [`LIST_PAGE`] objects. Callers add their label selector to it.
 ///
-/// Its pages hold [`LIST_PAGE`] objects, not client-go's 500: a page is decoded whole, each
-/// object with its `managedFields` (as `serde_json` values, a map per field) before they are
-/// dropped, and a page of 500 JobSets made 7.7 of the reconciler's 12.8 MiB heap peak at 2,000
-/// JobSet-mode JobSets.
+/// kube sends a paged list without a `resourceVersion` (a consistent read), which the API server
+/// serves from its watch cache only when etcd supports watch progress requests, and otherwise
+/// from etcd, decoding every object again. Pages of [`LIST_PAGE`], not client-go's 500: a page
+/// is decoded whole, each object with its `managedFields` (as `serde_json` values, a map per
+/// field) before they are dropped, and a page of 500 JobSets made 7.7 of the reconciler's 12.8
+/// MiB heap peak at 2,000 JobSet-mode JobSets.
 pub fn watch_config() -> watcher::Config {
     watcher::Config::default()
         .any_semantic()
         .page_size(LIST_PAGE)
 }
 
-/// Objects per page of a watch's list (see [`watch_config`]).
+/// Objects per page of a watch's list when it cannot be streamed (see [`watch_config`]).
 const LIST_PAGE: u32 = 100;
+
+/// The events of a watch of `api` selected by `config` ([`watch_config`]), its initial list
+/// **streamed** from the API server's watch cache (a watch with `sendInitialEvents`, Kubernetes'
+/// WatchList, on by default since 1.32), one object at a time: no page is decoded whole, and
+/// nothing is read from etcd. At 10,000 TrainJobs the paged list it replaces was 94 requests read
+/// from etcd, and the reconciler's first write came 2.3 s after its start instead of 0.5 s.
+///
+/// An API server that refuses or breaks a streamed list before its end (Kubernetes before 1.32,
+/// WatchList turned off, or etcd older than 3.5.13 or 3.4.31, which cannot tell the watch cache
+/// it is fresh) is listed in pages instead, for the rest of the process, as client-go falls back
+/// to a list: said once in the log, not counted as a watch failure. Any other failure is passed
+/// on to be retried ([`retried`]).
+pub fn events<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    resource: &'static str,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static + use<K>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+{
+    // The state: the events, and whether they are streamed and in an initial list (from its
+    // `Init`, or the start, to its `InitDone`), where a refusal means "list in pages instead".
+    let streamed: BoxStream<'static, _> =
+        watcher(api.clone(), config.clone().streaming_lists()).boxed();
+    futures::stream::unfold((streamed, true), move |(mut events, refusable)| {
+        let (api, config) = (api.clone(), config.clone());
+        async move {
+            let event = events.next().await?;
+            if refusable && refused_stream(&event) {
+                if let Err(error) = &event {
+                    tracing::warn!(
+                        resource,
+                        %error,
+                        "the API server does not stream initial lists; listing in pages"
+                    );
+                }
+                let mut listed = watcher(api, config).boxed();
+                let event = listed.next().await?;
+                return Some((event, (listed, false)));
+            }
+            let refusable = match &event {
+                Ok(watcher::Event::Init) => true,
+                Ok(watcher::Event::InitDone) => false,
+                _ => refusable,
+            };
+            Some((event, (events, refusable)))
+        }
+    })
+}
+
+/// Whether `event`, before a streamed list's end, says the API server cannot stream it: it
+/// refused the watch (422 where WatchList is off) or answered it with an error event (500 when
+/// etcd cannot request watch progress). A failure to connect, or a 5xx before the watch
+/// started, is not such an answer: it is retried as any watch failure is.
+fn refused_stream<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> bool {
+    match event {
+        // The request itself refused (an unknown or forbidden `sendInitialEvents`); other
+        // answers (403, 429, 5xx) would refuse the list as well, or pass.
+        Err(watcher::Error::WatchStartFailed(kube::Error::Api(status))) => {
+            matches!(status.code, 400 | 422)
+        }
+        // 410 Gone makes kube list again, which streams again: no refusal.
+        Err(watcher::Error::WatchError(status)) => status.code != 410,
+        _ => false,
+    }
+}
 
 /// Called with each event of a watch once its cache applied the event: how a controller
 /// hears of the objects (see [`Watches`]).
@@ -219,7 +286,7 @@ impl Watches {
         let mut writer = Writer::new(what.dyntype);
         let store = writer.as_reader();
         let events = retried(
-            watcher(what.api, what.config).modify(what.trim),
+            events(what.api, what.config, what.resource).modify(what.trim),
             what.resource,
             &self.metrics,
         )
@@ -436,6 +503,7 @@ pub(crate) mod tests {
     use std::time::Duration;
 
     use http::{Request, Response};
+    use kube::ResourceExt;
     use kube::client::Body;
     use serde_json::{Value, json};
 
@@ -612,8 +680,8 @@ pub(crate) mod tests {
         json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": "7"}, "items": []})
     }
 
-    /// A failed list is counted and retried after a backoff; readiness waits for all three
-    /// initial lists.
+    /// A failed streamed list is counted and retried after a backoff; readiness waits for all
+    /// three initial lists.
     #[tokio::test(start_paused = true)]
     async fn watches_sync_and_reconnect_after_errors() {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
@@ -625,22 +693,18 @@ pub(crate) mod tests {
         let mut listed = std::collections::BTreeSet::new();
         while listed.len() < 3 {
             assert!(!objects.is_synced());
-            let (request, reply) = handle.next_request().await.expect("a list");
+            let (request, reply) = handle.next_request().await.expect("a watch");
             let path = request.uri().path().to_string();
-            if request
-                .uri()
-                .query()
-                .unwrap_or_default()
-                .contains("watch=true")
-            {
-                continue; // keep the watch open: never answered
+            let query = request.uri().query().unwrap_or_default();
+            if !query.contains("sendInitialEvents=true") {
+                continue; // a resumed watch: kept open, never answered
             }
             if path.ends_with("/trainjobs") && !failed_once {
                 failed_once = true;
                 respond(reply, 500, &status(500));
                 continue;
             }
-            respond(reply, 200, &empty_list());
+            reply.send_response(Response::new(Body::from(lines(&[initial_events_end()]))));
             listed.insert(path);
         }
         tokio::time::timeout(TIMEOUT, objects.synced())
@@ -656,5 +720,149 @@ pub(crate) mod tests {
             .get();
         assert_eq!(errors, 1);
         driver.abort();
+    }
+
+    /// Watch events as the API server writes them, a JSON object per line.
+    fn lines(events: &[Value]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        for event in events {
+            bytes.extend(serde_json::to_vec(event).expect("json"));
+            bytes.push(b'\n');
+        }
+        bytes
+    }
+
+    /// The bookmark that ends a streamed initial list.
+    fn initial_events_end() -> Value {
+        json!({"type": "BOOKMARK", "object": {"apiVersion": "trainer.kubeflow.org/v1alpha1",
+               "kind": "TrainJob", "metadata": {"resourceVersion": "7",
+               "annotations": {"k8s.io/initial-events-end": "true"}}}})
+    }
+
+    /// Drives [`events`] of TrainJobs over the mock until `count` events came, answering each
+    /// request with `answer`; returns the events (errors as their text) and each request's
+    /// query.
+    async fn events_answered(
+        count: usize,
+        answer: impl Fn(&str, tower_test::mock::SendResponse<Response<Body>>) + Send + 'static,
+    ) -> (Vec<String>, Vec<String>) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let (queries_tx, mut queries_rx) = tokio::sync::mpsc::unbounded_channel();
+        let server = tokio::spawn(async move {
+            while let Some((request, reply)) = handle.next_request().await {
+                let query = request.uri().query().unwrap_or_default().to_string();
+                answer(&query, reply);
+                let _ = queries_tx.send(query);
+            }
+        });
+        let api = Api::<TrainJob>::all(Client::new(service, "default"));
+        let seen = events(api, watch_config(), "trainjobs")
+            .take(count)
+            .map(|event| match event {
+                Ok(watcher::Event::Init) => "Init".to_string(),
+                Ok(watcher::Event::InitApply(job)) => format!("InitApply {}", job.name_any()),
+                Ok(watcher::Event::InitDone) => "InitDone".to_string(),
+                Ok(watcher::Event::Apply(job)) => format!("Apply {}", job.name_any()),
+                Ok(watcher::Event::Delete(job)) => format!("Delete {}", job.name_any()),
+                Err(error) => format!("Err {error}"),
+            })
+            .collect::<Vec<_>>();
+        let seen = tokio::time::timeout(TIMEOUT, seen).await.expect("events");
+        server.abort();
+        let mut queries = Vec::new();
+        while let Ok(query) = queries_rx.try_recv() {
+            queries.push(query);
+        }
+        (seen, queries)
+    }
+
+    #[tokio::test]
+    async fn an_initial_list_is_streamed_from_one_watch_request() {
+        let (seen, queries) = events_answered(3, |query, reply| {
+            if query.contains("sendInitialEvents=true") {
+                let added = json!({"type": "ADDED", "object": train_job_json()});
+                let body = lines(&[added, initial_events_end()]);
+                reply.send_response(Response::new(Body::from(body)));
+            }
+        })
+        .await;
+        assert_eq!(seen, ["Init", "InitApply pi", "InitDone"]);
+        assert!(
+            queries[0].contains("watch=true")
+                && queries[0].contains("sendInitialEvents=true")
+                && queries[0].contains("resourceVersionMatch=NotOlderThan"),
+            "{queries:?}"
+        );
+    }
+
+    /// Kubernetes before 1.32 (or WatchList off) refuses `sendInitialEvents` with 422: listed
+    /// in pages instead, and the refusal is no failure of the watch.
+    #[tokio::test]
+    async fn a_refused_stream_is_listed_in_pages_instead() {
+        let (seen, queries) = events_answered(3, |query, reply| {
+            if query.contains("sendInitialEvents=true") {
+                let mut invalid = status(422);
+                invalid["reason"] = json!("Invalid");
+                invalid["message"] = json!(
+                    "ListOptions.meta.k8s.io \"\" is invalid: \
+                    sendInitialEvents: Forbidden: sendInitialEvents is forbidden for watch \
+                    unless the WatchList feature gate is enabled"
+                );
+                respond(reply, 422, &invalid);
+            } else if !query.contains("watch=true") {
+                let mut list = empty_list();
+                list["items"] = json!([train_job_json()]);
+                respond(reply, 200, &list);
+            }
+        })
+        .await;
+        assert_eq!(seen, ["Init", "InitApply pi", "InitDone"]);
+        assert!(queries[1].contains("limit=100"), "{queries:?}");
+        assert!(!queries[1].contains("watch=true"), "{queries:?}");
+    }
+
+    /// An API server whose etcd cannot request watch progress (etcd before 3.5.13) starts the
+    /// stream and answers it with an error event: listed in pages instead.
+    #[tokio::test]
+    async fn an_error_event_before_the_lists_end_lists_in_pages_instead() {
+        let (seen, queries) = events_answered(3, |query, reply| {
+            if query.contains("sendInitialEvents=true") {
+                let mut error = status(500);
+                error["message"] = json!(
+                    "a watch stream was requested by the client but the \
+                    required storage feature RequestWatchProgress is disabled"
+                );
+                let body = lines(&[json!({"type": "ERROR", "object": error})]);
+                reply.send_response(Response::new(Body::from(body)));
+            } else if !query.contains("watch=true") {
+                respond(reply, 200, &empty_list());
+            }
+        })
+        .await;
+        // The stream had begun (`Init`): the paged list begins again, as any relist does.
+        assert_eq!(seen, ["Init", "Init", "InitDone"]);
+        assert!(
+            queries.iter().any(|q| q.contains("limit=100")),
+            "{queries:?}"
+        );
+    }
+
+    /// A 5xx before the watch started says nothing about streaming: the failure is passed on (to
+    /// be counted and retried) and the next attempt streams again.
+    #[tokio::test]
+    async fn a_server_error_is_no_refusal() {
+        let answered = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (seen, queries) = events_answered(1, move |_query, reply| {
+            if answered.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+                respond(reply, 503, &status(503));
+            }
+        })
+        .await;
+        assert_eq!(seen.len(), 1);
+        assert!(seen[0].starts_with("Err "), "{seen:?}");
+        assert!(
+            queries.iter().all(|q| q.contains("sendInitialEvents=true")),
+            "{queries:?}"
+        );
     }
 }

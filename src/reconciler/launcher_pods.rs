@@ -31,7 +31,7 @@ use crate::mpi::failed_run::{
 };
 use crate::mpi::jobset_mode::settings;
 use crate::mpi::plan::WiredContainer;
-use crate::objects::cluster::{CacheMetrics, ClusterObjects, retried, watch_config};
+use crate::objects::cluster::{CacheMetrics, ClusterObjects, events, retried, watch_config};
 use crate::objects::runtime_of;
 
 use super::cached::jobset_as_read;
@@ -73,7 +73,7 @@ impl LauncherPods {
         self.caches_ready.clone().await;
         let pods = Api::<Pod>::all(self.client.clone());
         let config = watch_config().labels(&launcher_pod_selector());
-        let events = retried(watcher(pods, config), "pods", &self.cache_metrics);
+        let events = retried(events(pods, config, "pods"), "pods", &self.cache_metrics);
         self.handle_all(events).await;
     }
 

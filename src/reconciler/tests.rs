@@ -924,6 +924,11 @@ async fn a_failing_watch_does_not_hold_up_the_train_job_watch() {
             failures += 1;
             let expired = line("ERROR", status_body(410));
             reply.send_response(Response::new(Body::from(expired)));
+        } else if query.contains("sendInitialEvents=true") {
+            // A streamed initial list: empty, then its end; the watch resumes from there.
+            let end = json!({"apiVersion": "v1", "kind": "Bookmark", "metadata": {
+                "resourceVersion": "7", "annotations": {"k8s.io/initial-events-end": "true"}}});
+            reply.send_response(Response::new(Body::from(line("BOOKMARK", end))));
         } else if path.ends_with("/trainjobs") && answered.is_none() && trainjobs_watch.is_none() {
             trainjobs_watch = Some(reply);
         } else {
