@@ -68,9 +68,11 @@ pub const API_CALLS: &[ApiCall] = &[
     // and a failed launcher container into a LauncherFailed Event on its JobSet or TrainJob.
     read(RECONCILE, "", "pods"),
     // The SSH Secret is created once and never changed (immutable): no update, patch or delete.
-    // The list/watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`) and, like the
-    // GET on a cache miss, metadata-only (PartialObjectMetadata): the reconciler never reads key
-    // material. RBAC cannot narrow by label, so the grant itself is cluster-wide.
+    // The list/watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`) and
+    // metadata-only (PartialObjectMetadata): the reconciler never reads key material. Its cache
+    // is spec D.1's read, so no GET is sent; `get` goes with list/watch as for the NetworkPolicy
+    // (reading one of our own objects). RBAC cannot narrow by label, so the grant itself is
+    // cluster-wide.
     ApiCall {
         component: RECONCILE,
         group: "",

@@ -21,9 +21,6 @@ pub enum Error {
     /// No objects can be built: runtime missing, unsupported, or the hostfile too large.
     #[error("{0}")]
     Policy(#[source] Problem),
-    /// GET of the Secret failed.
-    #[error("failed to get the SSH auth Secret: {0}")]
-    GetSecret(#[source] kube::Error),
     /// Key generation failed.
     #[error("failed to build SSH Auth secret: {0}")]
     Keys(#[source] KeyError),
@@ -54,7 +51,6 @@ impl Error {
             Error::RuntimeLookup(_) => "runtime_lookup",
             Error::Policy(Problem::RuntimeNotFound { .. }) => "runtime_not_found",
             Error::Policy(_) => "policy",
-            Error::GetSecret(_) => "get_secret",
             Error::Keys(_) => "keys",
             Error::CreateSecret(_) => "create_secret",
             Error::ApplyConfigMap(_) => "apply_configmap",

@@ -254,19 +254,6 @@ impl ApiServer {
         (body, reply)
     }
 
-    async fn secret_get(&mut self, status: u16) {
-        let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth?&resourceVersion=0");
-        let (_, reply) = self.expect(Method::GET, &uri).await;
-        match status {
-            200 => respond(
-                reply,
-                200,
-                &serde_json::to_value(secret_metadata()).expect("json"),
-            ),
-            code => respond(reply, code, &status_body(code)),
-        }
-    }
-
     async fn secret_create(&mut self, status: u16) {
         let uri = format!("{SECRET_URL}?&fieldManager=mpi-webhook");
         let (body, reply) = self.expect(Method::POST, &uri).await;
@@ -438,7 +425,6 @@ fn the_selector_label_is_taken_as_present_in_the_cache() {
 async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
     let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
-        api.secret_get(404).await;
         api.secret_create(201).await;
         api.configmap_apply().await;
         // No Event for a success: the objects say it (and a third write per job is not worth it).
@@ -451,23 +437,12 @@ async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
     );
 }
 
-#[tokio::test]
-async fn existing_secret_is_never_touched() {
-    let f = mpi_fixture();
-    let result = converse(&f.ctx, f.server, |mut api| async move {
-        api.secret_get(200).await;
-        api.configmap_apply().await;
-    })
-    .await;
-    assert!(result.is_ok());
-    assert_eq!(f.metrics.writes("secret"), 0);
-}
-
+/// A Secret made by a racing replica (during a Lease handover) and not in the cache yet: the
+/// create is answered AlreadyExists, which counts as success.
 #[tokio::test]
 async fn secret_created_by_a_racing_replica_counts_as_success() {
     let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
-        api.secret_get(404).await;
         api.secret_create(409).await;
         api.configmap_apply().await;
     })
@@ -580,21 +555,21 @@ async fn own_apply_not_yet_in_the_cache_is_not_repeated() {
 }
 
 #[tokio::test]
-async fn secret_get_error_creates_nothing_and_is_retried_with_backoff() {
+async fn secret_create_error_applies_nothing_and_is_retried_with_backoff() {
     let f = mpi_fixture();
     let job = Arc::new(train_job());
     let mut server = f.server;
     for expected_delay in [1, 2] {
         let (script_server, result) = {
             let script = tokio::spawn(async move {
-                server.secret_get(500).await;
+                server.secret_create(500).await;
                 let (type_, reason, note) = server.event().await;
                 assert_eq!(
                     (type_.as_str(), reason.as_str()),
                     ("Warning", TrainJob::FAILED_REASON)
                 );
                 assert!(
-                    note.starts_with("failed to get the SSH auth Secret"),
+                    note.starts_with("failed to create the SSH auth Secret"),
                     "{note}"
                 );
                 server
@@ -605,15 +580,14 @@ async fn secret_get_error_creates_nothing_and_is_retried_with_backoff() {
             (script.await.expect("script"), result)
         };
         server = script_server;
-        let error = result.expect_err("GET failed");
-        assert_eq!(error.metric_label(), "get_secret");
+        let error = result.expect_err("the create failed");
+        assert_eq!(error.metric_label(), "create_secret");
         let action = error_policy(job.clone(), &error, f.ctx.clone());
         assert_eq!(action, Action::requeue(Duration::from_secs(expected_delay)));
     }
-    assert_eq!(f.metrics.failures("get_secret"), 2);
+    assert_eq!(f.metrics.failures("create_secret"), 2);
     // The retry succeeds, which resets the backoff.
     let result = converse(&f.ctx, server, |mut api| async move {
-        api.secret_get(404).await;
         api.secret_create(201).await;
         api.configmap_apply().await;
     })
@@ -689,11 +663,8 @@ async fn lost_lease_means_no_writes() {
 
     let f = mpi_fixture();
     f.leader.send_replace(false);
-    // Reads are fine; the create is not.
-    let result = converse(&f.ctx, f.server, |mut api| async move {
-        api.secret_get(404).await;
-    })
-    .await;
+    // No Secret in the cache: a leader would create it; this replica sends nothing.
+    let result = converse(&f.ctx, f.server, |_api| async {}).await;
     assert_eq!(result.expect("ok"), Action::await_change());
     assert_eq!(
         (f.metrics.writes("secret"), f.metrics.writes("configmap")),
@@ -997,30 +968,21 @@ async fn controller_runs_only_while_leading() {
 }
 
 /// A Secret Kubeflow Trainer made first carries no label of ours, so the label-selected cache
-/// misses it; the GET finds it and it is used as is: no key generated, nothing created.
+/// misses it; the create is answered AlreadyExists and the Secret is used as is: nothing
+/// written to it, the ConfigMap applied.
 #[tokio::test]
 async fn unlabelled_secret_made_by_trainer_is_used_as_is() {
     let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
-        let uri = format!("{SECRET_URL}/pi-mpi-ssh-auth?&resourceVersion=0");
-        let (_, reply) = api.expect(Method::GET, &uri).await;
-        respond(
-            reply,
-            200,
-            &json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-                    "metadata": {"name": "pi-mpi-ssh-auth", "namespace": "team",
-                                 "ownerReferences": [{"apiVersion": "trainer.kubeflow.org/v1alpha1",
-                                     "kind": "TrainJob", "name": "pi", "uid": "uid-1",
-                                     "controller": true, "blockOwnerDeletion": true}],
-                                 "managedFields": [{"manager": "trainer", "operation": "Apply",
-                                     "apiVersion": "v1", "fieldsType": "FieldsV1",
-                                     "fieldsV1": {"f:data": {}}}]}}),
-        );
+        api.secret_create(409).await;
         api.configmap_apply().await;
     })
     .await;
     assert_eq!(result.expect("ok"), Action::await_change());
-    assert_eq!(f.metrics.writes("secret"), 0);
+    assert_eq!(
+        (f.metrics.writes("secret"), f.metrics.writes("configmap")),
+        (0, 1)
+    );
 }
 
 /// Somebody other than Trainer (here `kubectl edit`, an updater) changed the hostfile: the
@@ -1123,7 +1085,6 @@ async fn with_the_default_on_the_network_policy_is_applied_first_with_exact_fiel
     let result = converse(&f.ctx, f.server, |mut api| async move {
         api.network_policy_apply(&expected_network_policy(), 200)
             .await;
-        api.secret_get(404).await;
         api.secret_create(201).await;
         api.configmap_apply().await;
     })
@@ -1168,7 +1129,6 @@ async fn with_the_default_off_no_network_policy_is_applied() {
     // The script has no NetworkPolicy call: one would hang the reconcile into the timeout.
     let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
-        api.secret_get(404).await;
         api.secret_create(201).await;
         api.configmap_apply().await;
     })
@@ -1257,7 +1217,6 @@ mod jobset_mode {
         let result = run(&f.ctx, jobset("MPICH"), {
             let mut api = f.server;
             async move {
-                api.secret_get(404).await;
                 let uri = format!("{SECRET_URL}?&fieldManager=mpi-webhook");
                 let (body, reply) = api.expect(Method::POST, &uri).await;
                 let mut secret = expected_secret();

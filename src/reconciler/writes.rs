@@ -6,7 +6,7 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{GetParams, Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 
@@ -18,8 +18,15 @@ use super::conflict;
 use super::context::{Applied, Context};
 use super::error::{Error, HostfileConflict, TRAINER_MANAGER};
 
-/// Creates `owner`'s Secret unless the cache or a GET shows it exists; keys are generated only
+/// Creates `owner`'s Secret unless the Secret cache shows it exists; keys are generated only
 /// then. Returns whether it was created.
+///
+/// The cache is spec D.1's GET: upstream's `client.Get` reads the controller manager's informer
+/// cache, as this reads ours, and creates on NotFound. Neither is a quorum read, and neither
+/// needs one: a Secret the cache has not seen yet (made a moment ago, by another replica during
+/// a Lease handover, or without our label by Kubeflow Trainer or a user) makes the create below
+/// answer AlreadyExists, and it is used as is. A GET before each create would cost the API
+/// server a request per new job and tell nothing the create does not.
 pub(super) async fn ensure_secret(owner: &Owner, ctx: &Context) -> Result<bool, Error> {
     let (namespace, name) = (owner.namespace.as_str(), ssh_secret_name(&owner.name));
     if ctx
@@ -30,18 +37,6 @@ pub(super) async fn ensure_secret(owner: &Owner, ctx: &Context) -> Result<bool, 
         return Ok(false);
     }
     let api = Api::<Secret>::namespaced(ctx.client.clone(), namespace);
-    // Metadata only: the reconciler never needs to read key material. `resourceVersion=0`: the
-    // API server answers from its watch cache instead of a quorum read of etcd, a third of the
-    // cost of every new job. A stale answer is safe: a Secret made a moment ago then makes the
-    // create below answer AlreadyExists, and it is used as is.
-    if api
-        .get_metadata_opt_with(&name, &GetParams::any())
-        .await
-        .map_err(Error::GetSecret)?
-        .is_some()
-    {
-        return Ok(false);
-    }
     let secret = ssh_secret(owner.clone(), &(ctx.keygen)().map_err(Error::Keys)?);
     ctx.ensure_leader()?;
     let params = PostParams {
@@ -53,7 +48,7 @@ pub(super) async fn ensure_secret(owner: &Owner, ctx: &Context) -> Result<bool, 
             ctx.metrics.write("secret");
             Ok(true)
         }
-        // Another replica (during a Lease handover) won the race: the Secret is there.
+        // The Secret is there: not yet in the cache, made by another replica, or not ours.
         Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(false),
         Err(error) => Err(Error::CreateSecret(error)),
     }
