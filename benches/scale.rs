@@ -8,15 +8,20 @@
 //!    8, spread over 10 namespaces);
 //! 2. starts `mpi-webhook serve` in cluster mode (a kubeconfig, the shipped flags) and waits for
 //!    its caches (its log says `object caches synced`);
-//! 3. measures the **floor**: N Secrets and N ConfigMaps of the same sizes created by the bench
-//!    itself, a Secret then a ConfigMap per job, 8 jobs at a time (the reconciler's concurrency),
-//!    in namespaces of their own; then the **apply floor**: the same, with each ConfigMap
-//!    server-side applied instead of created, as the contract makes the reconciler write it
-//!    (interface.md "Reconciler"), which costs the API server more than a create;
+//! 3. opens its own watches of the labelled Secrets and ConfigMaps (metadata only), which tell
+//!    when every owner has both;
 //! 4. starts `mpi-webhook reconcile --leader-elect` (the shipped flags) and times, from its
-//!    spawn, until every owner's Secret and ConfigMap exist (a watch of the labelled objects in
-//!    the bench), then waits until it is quiet (no reconcile finished for 2 s);
-//! 5. prints the time beside both floors, the API server's CPU time in each, the writes per job (the apiserver's own
+//!    spawn, until every owner's Secret and ConfigMap exist, then waits until it is quiet (no
+//!    reconcile finished for 2 s), and stops it;
+//! 5. measures the **floor**: N of the reconciler's own Secrets and ConfigMaps (the library's
+//!    builders: the same label, owner reference, field manager and sizes; owners that do not
+//!    exist) created by the bench itself, a Secret then a ConfigMap per job, 8 jobs at a time
+//!    (the reconciler's concurrency), in namespaces of their own, with the bench's watches still
+//!    open, so that what they cost is in both measurements; then the **apply floor**: the same,
+//!    with each ConfigMap server-side applied instead of created, as the contract makes the
+//!    reconciler write it (interface.md "Reconciler"), which costs the API server more than a
+//!    create;
+//! 6. prints the time beside both floors, the API server's CPU time in each, the writes per job (the apiserver's own
 //!    `apiserver_request_total` of POST, PUT, PATCH, APPLY (server-side apply) and DELETE on Secrets, ConfigMaps, Events and
 //!    NetworkPolicies during step 4; Lease renewals are left out), the peak RSS (`VmHWM`) of
 //!    both processes, and the watches each one opened (the apiserver's own
@@ -52,6 +57,9 @@ use kube::Client;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind, PartialObjectMeta};
 use kube::runtime::{WatchStreamExt, watcher};
+use mpi_webhook::api::{JOBSET_API_VERSION, TRAINER_API_VERSION};
+use mpi_webhook::mpi::ssh_secret::{generate_key_pair, ssh_secret};
+use mpi_webhook::mpi::{HOSTFILE_NAME, MANAGER, Owner, hostfile_configmap_name, owned_metadata};
 use mpi_webhook::objects::dir::parse_documents;
 use serde_json::{Value, json};
 use tokio::net::TcpStream;
@@ -510,12 +518,13 @@ struct Floor {
 async fn measure_floor(
     client: &Client,
     apiserver_pid: u32,
+    kind: Kind,
     jobs: usize,
     write: FloorWrite,
     settings: &Settings,
 ) -> Result<Floor, AnyError> {
     let cpu_before = procfs::cpu_time(apiserver_pid)?;
-    let time = tokio::time::timeout(settings.timeout, write_floor(client, jobs, write))
+    let time = tokio::time::timeout(settings.timeout, write_floor(client, kind, jobs, write))
         .await
         .map_err(|_| format!("the {} timed out", write.name()))??;
     let apiserver_cpu = procfs::cpu_time(apiserver_pid)? - cpu_before;
@@ -525,41 +534,55 @@ async fn measure_floor(
     })
 }
 
-/// The floor: per job, a Secret and then a ConfigMap of the reconciler's sizes (an SSH key
-/// pair, a hostfile), [`FLOOR_CONCURRENCY`] jobs at a time, no reads; the ConfigMap written as
-/// `write` says, in namespaces of its own.
+/// The floor: per job, the reconciler's own Secret and then its ConfigMap (built by the same
+/// library functions, with one key pair made beforehand: the same label, owner reference, field
+/// manager and sizes), owned by a `kind` owner that does not exist, [`FLOOR_CONCURRENCY`] jobs
+/// at a time, no reads; the ConfigMap written as `write` says, in namespaces of its own.
 async fn write_floor(
     client: &Client,
+    kind: Kind,
     jobs: usize,
     write: FloorWrite,
 ) -> Result<Duration, AnyError> {
     let namespaces = create_namespaces(client, write.name()).await?;
-    let key = "k".repeat(1_100);
+    let keys = generate_key_pair()?;
     let started = Instant::now();
     futures::stream::iter(0..jobs)
         .map(|i| {
             let namespace = &namespaces[i % namespaces.len()];
             let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
             let configmaps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
+            let (api_version, owner_kind) = match kind {
+                Kind::TrainJobs => (TRAINER_API_VERSION, "TrainJob"),
+                Kind::JobSets => (JOBSET_API_VERSION, "JobSet"),
+            };
+            let owner = Owner {
+                api_version,
+                kind: owner_kind,
+                name: format!("job-{i:05}"),
+                namespace: namespace.clone(),
+                uid: format!("00000000-0000-0000-0000-{i:012}"),
+            };
             let hosts: String = (0..2 + i % 7)
                 .map(|n| format!("job-{i:05}-node-0-{n}.job-{i:05} slots=1\n"))
                 .collect();
-            let secret = json!({"metadata": {"name": format!("job-{i:05}-mpi-ssh-auth")},
-                                "type": "kubernetes.io/ssh-auth", "immutable": true,
-                                "stringData": {"ssh-privatekey": key, "ssh-publickey": &key[..300]}});
-            let configmap = json!({"metadata": {"name": format!("job-{i:05}-mpi-hostfile")},
-                                   "data": {"hostfile": hosts}});
+            let secret = ssh_secret(owner.clone(), &keys);
+            let configmap = ConfigMap {
+                metadata: owned_metadata(&owner, hostfile_configmap_name(&owner.name)),
+                data: Some(BTreeMap::from([(HOSTFILE_NAME.to_string(), hosts)])),
+                ..ConfigMap::default()
+            };
             async move {
-                let params = PostParams::default();
-                secrets
-                    .create(&params, &serde_json::from_value(secret)?)
-                    .await?;
-                let configmap: ConfigMap = serde_json::from_value(configmap)?;
+                let params = PostParams {
+                    field_manager: Some(MANAGER.to_string()),
+                    ..PostParams::default()
+                };
+                secrets.create(&params, &secret).await?;
                 match write {
                     FloorWrite::Create => drop(configmaps.create(&params, &configmap).await?),
                     FloorWrite::Apply => {
                         let name = configmap.metadata.name.clone().unwrap_or_default();
-                        let apply = PatchParams::apply("mpi-webhook-bench");
+                        let apply = PatchParams::apply(MANAGER);
                         configmaps
                             .patch(&name, &apply, &Patch::Apply(&configmap))
                             .await?;
@@ -778,23 +801,6 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
     tokio::time::sleep(Duration::from_secs(1)).await;
     let serve_watches = opened(&no_process, &open_watches(&client).await?);
 
-    let floor = measure_floor(
-        &client,
-        plane.apiserver_pid,
-        jobs,
-        FloorWrite::Create,
-        settings,
-    )
-    .await?;
-    let apply_floor = measure_floor(
-        &client,
-        plane.apiserver_pid,
-        jobs,
-        FloorWrite::Apply,
-        settings,
-    )
-    .await?;
-
     let before_bench = open_watches(&client).await?;
     let seen = Arc::new(Mutex::new(Seen::default()));
     watch_owned(
@@ -878,7 +884,31 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
     let reconcile_watches = opened(&before_reconcile, &open_watches(&client).await?);
     let reconcile_cpu = procfs::cpu_time(reconcile.pid())?;
     let apiserver_cpu = procfs::cpu_time(plane.apiserver_pid)? - apiserver_cpu_before;
+    let reconcile_mib = reconcile.peak_mib()?;
+    drop(reconcile);
     let writes = std::array::from_fn(|i| writes_after[i] - writes_before[i]);
+    // The floors, once the reconciler stopped, with the bench's own watches still open: they
+    // see the floors' objects (which carry the reconciler's label), so what they cost the API
+    // server is in both the floors and the reconciler's time.
+    let floor = measure_floor(
+        &client,
+        plane.apiserver_pid,
+        kind,
+        jobs,
+        FloorWrite::Create,
+        settings,
+    )
+    .await?;
+    let apply_floor = measure_floor(
+        &client,
+        plane.apiserver_pid,
+        kind,
+        jobs,
+        FloorWrite::Apply,
+        settings,
+    )
+    .await?;
+
     let result = CaseResult {
         kind,
         jobs,
@@ -887,7 +917,7 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         floor,
         apply_floor,
         writes,
-        reconcile_mib: reconcile.peak_mib()?,
+        reconcile_mib,
         reconcile_cpu,
         apiserver_cpu,
         serve_ready_mib,
@@ -896,7 +926,6 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         reconcile_watches,
         load: load_average(),
     };
-    drop(reconcile);
     drop(serve);
     drop(plane);
     Ok(result)
