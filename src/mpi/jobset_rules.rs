@@ -286,7 +286,7 @@ fn container_errors<'j>(
                 ),
                 _ => FieldError::required(
                     field,
-                    "JobSet mode wires the first container of the launcher and node pod templates",
+                    "JobSet mode wires the first container of the launcher's and every worker group's pod template",
                 ),
             }
         })

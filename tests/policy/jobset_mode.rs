@@ -1810,7 +1810,7 @@ async fn every_group_must_have_the_wired_container() {
     rjobs[1]["template"]["spec"]["template"]["spec"]["containers"] = json!([]);
     assert_eq!(
         denial(groups_jobset("OpenMPI", json!({}), rjobs)).await,
-        "spec.replicatedJobs[1].template.spec.template.spec.containers: Required value: JobSet mode wires the first container of the launcher and node pod templates"
+        "spec.replicatedJobs[1].template.spec.template.spec.containers: Required value: JobSet mode wires the first container of the launcher's and every worker group's pod template"
     );
 }
 
