@@ -167,15 +167,28 @@ pub fn events<K>(
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
-    // The state: the events, and whether they are streamed and in an initial list (from its
-    // `Init`, or the start, to its `InitDone`), where a refusal means "list in pages instead".
+    /// Where a watch is: streaming, in an initial list (from its `Init`, or the start, to its
+    /// `InitDone`) or past it, with what a paged list would need; or listing in pages, for good.
+    enum Phase<K> {
+        Streamed {
+            initial: bool,
+            paged: Box<(Api<K>, watcher::Config)>,
+        },
+        Paged,
+    }
     let streamed: BoxStream<'static, _> =
         watcher(api.clone(), config.clone().streaming_lists()).boxed();
-    futures::stream::unfold((streamed, true), move |(mut events, refusable)| {
-        let (api, config) = (api.clone(), config.clone());
-        async move {
-            let event = events.next().await?;
-            if refusable && refused_stream(&event) {
+    let start = Phase::Streamed {
+        initial: true,
+        paged: Box::new((api, config)),
+    };
+    futures::stream::unfold((streamed, start), move |(mut events, phase)| async move {
+        let event = events.next().await?;
+        match phase {
+            Phase::Streamed {
+                initial: true,
+                paged,
+            } if refused_stream(&event) => {
                 if let Err(error) = &event {
                     tracing::warn!(
                         resource,
@@ -183,16 +196,20 @@ where
                         "the API server does not stream initial lists; listing in pages"
                     );
                 }
+                let (api, config) = *paged;
                 let mut listed = watcher(api, config).boxed();
                 let event = listed.next().await?;
-                return Some((event, (listed, false)));
+                Some((event, (listed, Phase::Paged)))
             }
-            let refusable = match &event {
-                Ok(watcher::Event::Init) => true,
-                Ok(watcher::Event::InitDone) => false,
-                _ => refusable,
-            };
-            Some((event, (events, refusable)))
+            Phase::Streamed { initial, paged } => {
+                let initial = match &event {
+                    Ok(watcher::Event::Init) => true,
+                    Ok(watcher::Event::InitDone) => false,
+                    _ => initial,
+                };
+                Some((event, (events, Phase::Streamed { initial, paged })))
+            }
+            Phase::Paged => Some((event, (events, Phase::Paged))),
         }
     })
 }
