@@ -546,16 +546,16 @@ async fn write_floor(
 ) -> Result<Duration, AnyError> {
     let namespaces = create_namespaces(client, write.name()).await?;
     let keys = generate_key_pair()?;
+    let (api_version, owner_kind) = match kind {
+        Kind::TrainJobs => (TRAINER_API_VERSION, "TrainJob"),
+        Kind::JobSets => (JOBSET_API_VERSION, "JobSet"),
+    };
     let started = Instant::now();
     futures::stream::iter(0..jobs)
         .map(|i| {
             let namespace = &namespaces[i % namespaces.len()];
             let secrets = Api::<Secret>::namespaced(client.clone(), namespace);
             let configmaps = Api::<ConfigMap>::namespaced(client.clone(), namespace);
-            let (api_version, owner_kind) = match kind {
-                Kind::TrainJobs => (TRAINER_API_VERSION, "TrainJob"),
-                Kind::JobSets => (JOBSET_API_VERSION, "JobSet"),
-            };
             let owner = Owner {
                 api_version,
                 kind: owner_kind,
