@@ -245,7 +245,7 @@ fn the_worker_groups_sample_is_admitted_wired_and_rendered() {
         let container = &rjobs[group]["template"]["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(
             container["command"],
-            serde_json::json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"]),
+            generated_worker_command(),
             "group {group}"
         );
         assert_eq!(
@@ -297,6 +297,7 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
                 [
                     "/command",
                     "/readinessProbe",
+                    "/backoffLimit",
                     "/dependsOn",
                     "/initContainers",
                 ]
@@ -333,13 +334,17 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
     }
     let mut expected = vec![
         serde_json::json!({"op": "add", "path": format!("{}/containers/0/command", pod(0)),
-                           "value": ["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"]}),
+                           "value": generated_worker_command()}),
         serde_json::json!({"op": "add", "path": format!("{}/containers/0/readinessProbe", pod(0)),
                            "value": {"tcpSocket": {"port": 2222}}}),
         serde_json::json!({"op": "add", "path": format!("{}/initContainers", pod(0)),
                            "value": [setup(0)]}),
+        serde_json::json!({"op": "add", "path": "/spec/replicatedJobs/0/template/spec/backoffLimit",
+                           "value": 0}),
         serde_json::json!({"op": "add", "path": format!("{}/initContainers", pod(1)),
                            "value": [setup(1)]}),
+        serde_json::json!({"op": "add", "path": "/spec/replicatedJobs/1/template/spec/backoffLimit",
+                           "value": 0}),
         serde_json::json!({"op": "add", "path": "/spec/replicatedJobs/1/dependsOn",
                            "value": [{"name": "node", "status": "Ready"}]}),
     ];
@@ -383,7 +388,7 @@ fn review_mutate_fills_in_the_defaults_of_a_minimal_sample() {
     );
     let preflight = preflight::preflight_container(image, "2222");
     // The pre-flight comes after the ssh setup in the launcher's init containers.
-    expected[3] = serde_json::json!({
+    expected[4] = serde_json::json!({
         "op": "add",
         "path": format!("{}/initContainers", pod(1)),
         "value": [setup(1), preflight.clone()],
@@ -549,4 +554,19 @@ fn every_subcommand_has_help() {
             "{sub}"
         );
     }
+}
+
+/// The workers' default command with the generated ssh setup: sshd under the library's worker
+/// script (Decision 21), whose own words `tests/policy` checks.
+fn generated_worker_command() -> Value {
+    serde_json::json!([
+        "/bin/sh",
+        "-c",
+        ssh_setup::WORKER_SCRIPT,
+        "mpi-worker",
+        "/usr/sbin/sshd",
+        "-De",
+        "-f",
+        "/run/mpi-ssh/sshd_config"
+    ])
 }

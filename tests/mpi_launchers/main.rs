@@ -911,11 +911,21 @@ fn check_jobset_mode_patch(
             |i: usize| &after["spec"]["replicatedJobs"][i]["template"]["spec"]["template"]["spec"];
         // The workers (every worker group, Decision 20) are listed first, then the launcher.
         let l = workers.len();
-        let sshd = if generated {
-            serde_json::json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
+        // sshd under the worker script (Decision 21), whose words tests/policy checks.
+        let port_word = port.to_string();
+        let sshd_words: &[&str] = if generated {
+            &["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"]
         } else {
-            serde_json::json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()])
+            &["/usr/sbin/sshd", "-De", "-p", &port_word]
         };
+        let mut sshd = vec![
+            "/bin/sh",
+            "-c",
+            mpi_webhook::mpi::jobset_mode::ssh_setup::WORKER_SCRIPT,
+            "mpi-worker",
+        ];
+        sshd.extend_from_slice(sshd_words);
+        let sshd = serde_json::json!(sshd);
         for (w, rj) in workers.iter().enumerate() {
             let worker = product::container(pod(w), mode.wired_container(rj))?;
             ensure!(

@@ -33,6 +33,16 @@ fn hiding_gpus(env: Value) -> Value {
     env
 }
 
+/// The script JobSet mode's workers run sshd under (docs/jobset-mode.md "Defaults").
+const WORKER_SCRIPT: &str = "trap 'kill -TERM \"$sshd\" 2>/dev/null; exit 143' TERM INT; \"$@\" & sshd=$!; wait \"$sshd\"; code=$?; [ \"$code\" -ne 0 ] || code=1; exit \"$code\"";
+
+/// A worker's default command: `sshd` (its words) under [`WORKER_SCRIPT`].
+fn worker_command(sshd: &[&str]) -> Value {
+    let mut command = vec!["/bin/sh", "-c", WORKER_SCRIPT, "mpi-worker"];
+    command.extend_from_slice(sshd);
+    json!(command)
+}
+
 /// A container with an image, and `extra` members.
 fn container(name: &str, extra: Value) -> Value {
     let mut c = json!({"name": name, "image": "mpi:latest"});
@@ -172,10 +182,11 @@ async fn defaults_give_this_exact_patch_on_each_templates_first_container() {
         json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(0)),
                "value": [{"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"}]}),
         json!({"op": "add", "path": format!("{}/containers/0/command", pod(0)),
-               "value": ["/usr/sbin/sshd", "-De", "-p", "22"]}),
+               "value": worker_command(&["/usr/sbin/sshd", "-De", "-p", "22"])}),
         json!({"op": "add", "path": format!("{}/containers/0/readinessProbe", pod(0)),
                "value": {"tcpSocket": {"port": 22}}}),
         json!({"op": "add", "path": format!("{}/volumes", pod(0)), "value": [strict_ssh_volume()]}),
+        json!({"op": "add", "path": "/spec/replicatedJobs/0/template/spec/backoffLimit", "value": 0}),
         json!({"op": "add", "path": format!("{}/containers/0/volumeMounts", pod(1)), "value": [
             {"name": "mpi-ssh-auth", "mountPath": "/root/.ssh"},
             {"name": "mpi-hostfile", "mountPath": "/etc/mpi"}
@@ -185,6 +196,7 @@ async fn defaults_give_this_exact_patch_on_each_templates_first_container() {
                "value": "FallbackToLogsOnError"}),
         json!({"op": "add", "path": format!("{}/volumes", pod(1)),
                "value": [strict_ssh_volume(), hostfile_volume("pi")]}),
+        json!({"op": "add", "path": "/spec/replicatedJobs/1/template/spec/backoffLimit", "value": 0}),
         json!({"op": "add", "path": "/spec/successPolicy",
                "value": {"operator": "All", "targetReplicatedJobs": ["launcher"]}}),
     ];
@@ -921,6 +933,79 @@ fn preflight(port: &str) -> Value {
     crate::preflight::preflight_container(IMAGE, port)
 }
 
+/// Decision 21: the launcher's and the workers' Jobs fail at their first failure where the user
+/// set no `backoffLimit`; a limit the user wrote, 0 or not, is kept.
+#[tokio::test]
+async fn a_lost_worker_or_failed_launcher_fails_its_job_unless_the_user_set_a_backoff_limit() {
+    let js = jobset("OpenMPI", json!({}), minimal_rjobs());
+    let js = defaulted(js, IMAGE).await;
+    for i in 0..2 {
+        assert_eq!(
+            js["spec"]["replicatedJobs"][i]["template"]["spec"]["backoffLimit"],
+            0
+        );
+    }
+    let mut rjobs = minimal_rjobs();
+    rjobs[0]["template"]["spec"]["backoffLimit"] = json!(4);
+    rjobs[1]["template"]["spec"]["backoffLimit"] = json!(null);
+    let js = defaulted(jobset("OpenMPI", json!({}), rjobs), IMAGE).await;
+    assert_eq!(
+        js["spec"]["replicatedJobs"][0]["template"]["spec"]["backoffLimit"],
+        4
+    );
+    assert_eq!(
+        js["spec"]["replicatedJobs"][1]["template"]["spec"]["backoffLimit"],
+        0
+    );
+}
+
+/// Decision 21, run for real: the worker command the patch writes, with a stand-in for sshd,
+/// exits 143 when the container is told to stop, and never 0 however its sshd ends.
+#[tokio::test]
+async fn the_workers_command_ends_as_a_failure_whatever_ends_it() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let js = defaulted(jobset("OpenMPI", json!({}), minimal_rjobs()), IMAGE).await;
+    let command = pod_spec(&js, 0)["containers"][0]["command"].clone();
+    let words: Vec<String> = command
+        .as_array()
+        .expect("a command")
+        .iter()
+        .map(|w| w.as_str().expect("a word").to_string())
+        .collect();
+    // The words up to the script's `$0`, then a stand-in for sshd.
+    let run = |sshd: &[&str]| {
+        let mut child = Command::new(&words[0]);
+        child.args(&words[1..4]).args(sshd).stdin(Stdio::null());
+        child
+    };
+    let code = |mut command: Command| command.status().expect("sh runs").code();
+    assert_eq!(code(run(&["true"])), Some(1), "sshd ending with 0");
+    assert_eq!(
+        code(run(&["sh", "-c", "exit 5"])),
+        Some(5),
+        "sshd's own code"
+    );
+    let mut stopped = run(&["sleep", "60"]).spawn().expect("sh runs");
+    // The trap is set before sshd starts: a SIGTERM at any time after that ends it with 143.
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = stopped.id().to_string();
+    let killed = Command::new("kill").args(["-TERM", &pid]).status();
+    assert!(killed.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = stopped.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the worker did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(status.code(), Some(143));
+}
+
 #[tokio::test]
 async fn a_minimal_jobset_gets_sshd_a_probe_dependson_and_the_preflight() {
     let js = jobset("OpenMPI", json!({}), minimal_rjobs());
@@ -943,8 +1028,10 @@ async fn a_minimal_jobset_gets_sshd_a_probe_dependson_and_the_preflight() {
         [
             add(format!("{}/containers/0/command", pod(0))),
             add(format!("{}/containers/0/readinessProbe", pod(0))),
+            add("/spec/replicatedJobs/0/template/spec/backoffLimit".to_string()),
             add(format!("{}/containers/0/terminationMessagePolicy", pod(1))),
             add(format!("{}/initContainers", pod(1))),
+            add("/spec/replicatedJobs/1/template/spec/backoffLimit".to_string()),
             add("/spec/replicatedJobs/1/dependsOn".to_string()),
             add("/spec/successPolicy".to_string()),
         ]
@@ -953,7 +1040,7 @@ async fn a_minimal_jobset_gets_sshd_a_probe_dependson_and_the_preflight() {
     let worker = &pod_spec(&js, 0)["containers"][0];
     assert_eq!(
         worker["command"],
-        json!(["/usr/sbin/sshd", "-De", "-p", "22"])
+        worker_command(&["/usr/sbin/sshd", "-De", "-p", "22"])
     );
     assert_eq!(worker["readinessProbe"], json!({"tcpSocket": {"port": 22}}));
     assert_eq!(worker.get("args"), None);
@@ -990,7 +1077,7 @@ async fn another_ssh_port_reaches_sshd_the_probe_the_ssh_args_and_the_preflight(
         let worker = &pod_spec(&js, 0)["containers"][0];
         assert_eq!(
             worker["command"],
-            json!(["/usr/sbin/sshd", "-De", "-p", "2222"])
+            worker_command(&["/usr/sbin/sshd", "-De", "-p", "2222"])
         );
         assert_eq!(
             worker["readinessProbe"],
@@ -1127,7 +1214,7 @@ async fn no_preflight_without_an_image_or_with_the_annotation_false() {
     assert_eq!(pod_spec(&js, 1).get("initContainers"), None, "opted out");
     assert_eq!(
         pod_spec(&js, 0)["containers"][0]["command"],
-        json!(["/usr/sbin/sshd", "-De", "-p", "22"]),
+        worker_command(&["/usr/sbin/sshd", "-De", "-p", "22"]),
         "the other defaults stay"
     );
 }
@@ -1229,7 +1316,7 @@ async fn generated_is_the_default_and_wires_an_init_container_in_both_pods() {
     assert_eq!(node["volumeMounts"], runtime_mounts());
     assert_eq!(
         node["command"],
-        json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
+        worker_command(&["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
     );
     assert_eq!(node["readinessProbe"], json!({"tcpSocket": {"port": 2222}}));
     let mpirun = &launcher["containers"][0];
@@ -1315,7 +1402,7 @@ async fn image_gives_the_patch_of_jobset_mode_before_generated() {
     assert_eq!(pod_spec(&js, 1)["initContainers"], json!([preflight("22")]));
     assert_eq!(
         pod_spec(&js, 0)["containers"][0]["command"],
-        json!(["/usr/sbin/sshd", "-De", "-p", "22"])
+        worker_command(&["/usr/sbin/sshd", "-De", "-p", "22"])
     );
 }
 

@@ -21,6 +21,10 @@ use mpi_webhook::mpi::enforce::MutationError;
 use mpi_webhook::mpi::plan::{MpiPlan, WiredContainer};
 use serde_json::{Map, Value, json};
 
+/// The script JobSet mode's workers run sshd under (docs/jobset-mode.md "Defaults"), as the
+/// contract writes it.
+const WORKER_SCRIPT: &str = "trap 'kill -TERM \"$sshd\" 2>/dev/null; exit 143' TERM INT; \"$@\" & sshd=$!; wait \"$sshd\"; code=$?; [ \"$code\" -ne 0 ] || code=1; exit \"$code\"";
+
 use mpi_webhook::mpi::jobset_mode::SshSetup;
 use mpi_webhook::mpi::jobset_mode::ssh_setup::script;
 
@@ -354,6 +358,15 @@ fn wire(
         spec.insert("parallelism".into(), json!(count));
         spec.insert("completions".into(), json!(count));
     }
+    // JobSet mode: the launcher's and every worker group's Job fail at their first failed Pod
+    // or container restart, where the user set no backoffLimit (Decision 21).
+    if defaults {
+        let template = member_object(rjob, field, "template")?;
+        let spec = member_object(template, &format!("{field}.template"), "spec")?;
+        if unset(spec.get("backoffLimit")) {
+            spec.insert("backoffLimit".into(), json!(0));
+        }
+    }
     // JobSet mode: the launcher waits for every worker group Ready when all are listed before it.
     if defaults && launcher == Some(true) && unset(rjob.get("dependsOn")) {
         let groups = plan.worker_groups.iter();
@@ -500,16 +513,27 @@ fn wire(
                 }
             }
         }
-        // JobSet mode: sshd on the workers, unless they run something of their own, and a
-        // readiness probe on its port.
+        // JobSet mode: sshd on the workers under `sh`, which makes any end of it a failure
+        // (143 when told to stop), unless they run something of their own, and a readiness
+        // probe on its port (Decision 21).
         if defaults && !is_launcher {
             if unset(container.get("command")) && unset(container.get("args")) {
-                let command = if generated {
-                    json!(["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"])
+                let mut command = vec![
+                    json!("/bin/sh"),
+                    json!("-c"),
+                    json!(WORKER_SCRIPT),
+                    json!("mpi-worker"),
+                ];
+                if generated {
+                    command.extend(
+                        ["/usr/sbin/sshd", "-De", "-f", "/run/mpi-ssh/sshd_config"]
+                            .map(|w| json!(w)),
+                    );
                 } else {
-                    json!(["/usr/sbin/sshd", "-De", "-p", port.to_string()])
-                };
-                container.insert("command".into(), command);
+                    command.extend(["/usr/sbin/sshd", "-De", "-p"].map(|w| json!(w)));
+                    command.push(json!(port.to_string()));
+                }
+                container.insert("command".into(), Value::Array(command));
             }
             if unset(container.get("readinessProbe")) {
                 container.insert(

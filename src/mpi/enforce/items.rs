@@ -6,6 +6,7 @@
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use super::super::jobset_mode::ssh_setup;
 use super::super::plan::MpiPlan;
 use super::super::{
     HOSTFILE_DIR, HOSTFILE_MODE, HOSTFILE_NAME, HOSTFILE_PATH, HOSTFILE_VOLUME, LAUNCHER,
@@ -138,7 +139,15 @@ impl<'a> Mount<'a> {
 
 /// JobSet mode: the `node` container's command when it has neither command nor args.
 pub fn sshd_command(port: u16) -> Value {
-    json!([SSHD, "-De", "-p", port.to_string()])
+    ssh_setup::worker_command(&[SSHD, "-De", "-p", &port.to_string()])
+}
+
+/// JobSet mode: the Job `backoffLimit` of the launcher and of every worker group when they have
+/// none (Decision 21): the first failed Pod or container restart fails the Job, so the JobSet's
+/// `failurePolicy` restarts the whole job through its pre-flight at once (or, without one, the
+/// JobSet fails at once) instead of the launcher retrying in place against a missing host.
+pub fn backoff_limit() -> Value {
+    json!(0)
 }
 
 /// JobSet mode: the `node` container's readiness probe when it has none.

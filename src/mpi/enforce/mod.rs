@@ -201,6 +201,12 @@ fn replicated_job(
         spec.set("parallelism", count.into());
         spec.set("completions", count.into());
     }
+    // JobSet mode: a failed launcher or worker fails its Job at once, so the JobSet's
+    // failurePolicy acts on a lost worker (Decision 21).
+    if let Some(d) = &items.defaults {
+        rjob.path(&["template", "spec"])?
+            .fill("backoffLimit", &d.backoff_limit);
+    }
     // JobSet mode: the launcher waits for the workers' sshd, where JobSet allows it.
     if let (
         Role::Launcher {
@@ -336,8 +342,8 @@ fn container(items: &Items, role: Role, mut container: Obj<'_>) -> Result<(), Mu
             }
         }
     }
-    // JobSet mode: the workers run sshd, unless they run something of their own, and are ready
-    // once it listens.
+    // JobSet mode: the workers run sshd (under a script whose every end is a failure), unless
+    // they run something of their own, and are ready once it listens.
     if let (Role::Node, Some(d)) = (role, &items.defaults) {
         if container.get("command").is_none() && container.get("args").is_none() {
             container.set("command", d.sshd_command.clone());
@@ -387,6 +393,8 @@ struct Defaults {
     readiness_probe: Value,
     depends_on: Value,
     success_policy: Value,
+    /// The launcher's and the worker groups' Job `backoffLimit` when they have none.
+    backoff_limit: Value,
     /// The pre-flight init container, when the plan has an image for it.
     preflight: Option<Value>,
     /// The launcher container's `terminationMessagePolicy` when it has none.
@@ -428,6 +436,7 @@ impl Items {
                     plan.worker_groups.iter().map(|g| g.name.as_str()),
                 ),
                 success_policy: items::success_policy_launcher(),
+                backoff_limit: items::backoff_limit(),
                 preflight: plan
                     .preflight_image()
                     .map(|image| items::preflight_container(image, port)),

@@ -79,7 +79,29 @@ pub fn container_mounts() -> [Value; 2] {
 
 /// The workers' sshd when they set neither command nor args: the script's configuration.
 pub fn sshd_command() -> Value {
-    json!([SSHD, "-De", "-f", SSHD_CONFIG_PATH])
+    worker_command(&[SSHD, "-De", "-f", SSHD_CONFIG_PATH])
+}
+
+/// The POSIX `sh` script a worker's default command runs its sshd under (Decision 21): sshd in
+/// the background, and the container's end a failure whatever ends it. SIGTERM or SIGINT (a
+/// deleted, evicted or preempted Pod, a drained node) stops sshd and exits 143; sshd ending on
+/// its own exits with its code, 1 for 0. OpenSSH's sshd exits 0 on SIGTERM, which made a lost
+/// worker's Pod `Succeeded` and its index a completed one; a worker never finishes on its own
+/// (the JobSet completes with its launcher, then JobSet deletes the workers), so no end of one
+/// is a success.
+pub const WORKER_SCRIPT: &str = concat!(
+    r#"trap 'kill -TERM "$sshd" 2>/dev/null; exit 143' TERM INT; "#,
+    r#""$@" & sshd=$!; wait "$sshd"; code=$?; [ "$code" -ne 0 ] || code=1; exit "$code""#,
+);
+
+/// The name the worker script runs under (its `$0`, what `ps` shows).
+pub const WORKER_SCRIPT_NAME: &str = "mpi-worker";
+
+/// JobSet mode: a worker's default command, `sshd` (its words) under [`WORKER_SCRIPT`].
+pub fn worker_command(sshd: &[&str]) -> Value {
+    let mut command = vec!["/bin/sh", "-c", WORKER_SCRIPT, WORKER_SCRIPT_NAME];
+    command.extend_from_slice(sshd);
+    json!(command)
 }
 
 /// The members of a container's `securityContext` the init container copies: it must run as the
