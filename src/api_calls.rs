@@ -62,10 +62,12 @@ pub const API_CALLS: &[ApiCall] = &[
         verbs: &["update"],
         namespaced_to_own_namespace: false,
     },
-    // reconcile: the label-selected watch of every JobSet's launcher Pods
-    // (`jobset.sigs.k8s.io/replicatedjob-name=launcher`), read only, to turn a failed
-    // `mpi-preflight` init container (JobSet mode) into a PreflightFailed Event on its JobSet,
-    // and a failed launcher container into a LauncherFailed Event on its JobSet or TrainJob.
+    // reconcile: the label-selected watch of every JobSet's Pods
+    // (`jobset.sigs.k8s.io/replicatedjob-name`), read only, to turn a failed `mpi-preflight`
+    // init container (JobSet mode) into a PreflightFailed Event on its JobSet, a failed launcher
+    // container into a LauncherFailed Event on its JobSet or TrainJob, and a worker lost while
+    // its JobSet ran it into a WorkerLost Event (the JobSet's `get` above tells a loss from
+    // JobSet's own teardown).
     read(RECONCILE, "", "pods"),
     // The SSH Secret is created once and never changed (immutable): no update, patch or delete.
     // The list/watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`) and

@@ -30,10 +30,11 @@ pub const NOTE_MAX_BYTES: usize = 1024;
 /// The termination reason kubelet gives a container the kernel killed for its memory limit.
 const OOM_KILLED: &str = "OOMKilled";
 
-/// The label selector of the Pods the reconciler watches: every JobSet's launcher Pods (JobSet
-/// does not copy the JobSet's own labels to its Pods, so JobSet mode cannot be selected here).
-pub fn launcher_pod_selector() -> String {
-    format!("{REPLICATED_JOB_LABEL}={LAUNCHER}")
+/// The label selector of the Pods the reconciler watches: every JobSet's Pods, its launchers'
+/// for failed runs and its workers' for lost workers ([`super::lost_worker`]). JobSet does not
+/// copy the JobSet's own labels to its Pods, so JobSet mode cannot be selected here.
+pub fn jobset_pod_selector() -> String {
+    REPLICATED_JOB_LABEL.to_string()
 }
 
 /// Which container of a launcher Pod is watched for failed runs.

@@ -27,6 +27,7 @@ pub mod hostfile;
 pub mod implementation;
 pub mod jobset_mode;
 pub mod jobset_rules;
+pub mod lost_worker;
 pub mod network_policy;
 pub mod objects_for;
 pub mod plan;

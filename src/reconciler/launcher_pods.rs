@@ -1,10 +1,13 @@
 //! A launcher Pod's failed pre-flight (JobSet mode, `PreflightFailed`) or failed launcher run
-//! (`LauncherFailed`) said on the job's owner as a Warning Event: the JobSet in JobSet mode, the
-//! TrainJob in TrainJob mode (what the Events say, and their names, are
-//! [`crate::mpi::failed_run`]'s).
+//! (`LauncherFailed`), and a worker lost before its launcher finished (`WorkerLost`), said on the
+//! job's owner as a Warning Event: the JobSet in JobSet mode, the TrainJob in TrainJob mode
+//! (what the Events say, and their names, are [`crate::mpi::failed_run`]'s and
+//! [`crate::mpi::lost_worker`]'s).
 //!
-//! One label-selected watch of every JobSet's launcher Pods, read only and uncached: each Pod is
-//! looked at when it changes and dropped. Only Pods of the JobSet-mode JobSets in the JobSet
+//! One label-selected watch of every JobSet's Pods, read only and uncached: each Pod is looked
+//! at when it changes and dropped. A worker that shows a loss is checked against a fresh GET of
+//! its JobSet, since JobSet's own teardown (completion, restart, suspension, deletion) ends
+//! workers the same way and writes the JobSet's status first. Only Pods of the JobSet-mode JobSets in the JobSet
 //! controller's cache, and of the MPI TrainJobs in the TrainJob controller's cache, are
 //! reported, so the watch waits for those caches' first lists. An Event is created once per
 //! failed run: its name is fixed by the Pod's UID, the container and the run, so a relist, a
@@ -19,17 +22,19 @@ use futures::future::{BoxFuture, Shared};
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tokio::sync::watch;
 
 use crate::api::{JOBSET_API_VERSION, JobSet, TRAINER_API_VERSION};
+use crate::mpi::NODE;
 use crate::mpi::failed_run::{
-    FailedRun, Watched, failed_runs, has_failed_container, launcher_pod_jobset,
-    launcher_pod_selector,
+    FailedRun, Watched, failed_runs, has_failed_container, jobset_pod_selector, launcher_pod_jobset,
 };
 use crate::mpi::jobset_mode::settings;
+use crate::mpi::lost_worker::{JobSetProgress, LostWorker, WORKER_LOST, lost_worker, worker_pod};
 use crate::mpi::plan::WiredContainer;
 use crate::objects::cluster::{CacheMetrics, ClusterObjects, events, retried, watch_config};
 use crate::objects::runtime_of;
@@ -72,7 +77,7 @@ impl LauncherPods {
         }
         self.caches_ready.clone().await;
         let pods = Api::<Pod>::all(self.client.clone());
-        let config = watch_config().labels(&launcher_pod_selector());
+        let config = watch_config().labels(&jobset_pod_selector());
         let events = retried(events(pods, config, "pods"), "pods", &self.cache_metrics);
         self.handle_all(events).await;
     }
@@ -99,8 +104,12 @@ impl LauncherPods {
         }
     }
 
-    /// Records an Event for each failed run of `pod` not recorded yet.
+    /// Records an Event for each failed run of `pod`, a launcher Pod, or for its loss, a worker
+    /// Pod, not recorded yet.
     async fn report(&self, pod: &Pod, recorded: &mut Recorded) {
+        if worker_pod(pod).is_some() {
+            return self.report_loss(pod, recorded).await;
+        }
         // Most launcher Pods never fail: only then are their owners looked up.
         if !has_failed_container(pod) {
             return;
@@ -109,14 +118,114 @@ impl LauncherPods {
             return; // not a job of ours
         };
         for failure in failures {
-            if recorded.has(&failure) {
+            if recorded.has(&failure.pod_uid, &failure.event_name()) {
                 continue;
             }
             if !*self.leader.borrow() {
                 return;
             }
             if self.record(&failure, &regarding).await {
-                recorded.add(&failure);
+                recorded.add(&failure.pod_uid, failure.event_name());
+            }
+        }
+    }
+
+    /// Records the `WorkerLost` Event of `pod`'s attempt when `pod`, a worker of one of our
+    /// jobs, was lost while its JobSet ran it. Each Pod is decided once per term.
+    async fn report_loss(&self, pod: &Pod, recorded: &mut Recorded) {
+        // Most worker Pods are never lost: only then are their owners looked up.
+        let Some(lost) = lost_worker(pod) else {
+            return;
+        };
+        if recorded.has(&lost.pod_uid, LOSS_DECIDED) || !*self.leader.borrow() {
+            return;
+        }
+        let Some(regarding) = self.worker_owner(&lost, pod).await else {
+            return; // not a worker of ours
+        };
+        match self.runs_attempt_of(&lost, pod).await {
+            Ok(true) => {
+                if self.record_loss(&lost, &regarding).await {
+                    recorded.add(&lost.pod_uid, LOSS_DECIDED.into());
+                }
+            }
+            // Ended by JobSet itself: nothing to say, and nothing to ask again.
+            Ok(false) => recorded.add(&lost.pod_uid, LOSS_DECIDED.into()),
+            Err(error) => {
+                tracing::warn!(%error, namespace = %lost.namespace, jobset = %lost.jobset,
+                    pod = %lost.pod, "reading the JobSet of a lost worker failed");
+            }
+        }
+    }
+
+    /// The owner a lost worker's Event regards, when the Pod is a worker of a JobSet-mode JobSet
+    /// (one of its worker groups) or of an MPI TrainJob's JobSet (its `node` replicatedJob).
+    async fn worker_owner(&self, lost: &LostWorker, pod: &Pod) -> Option<ObjectReference> {
+        let worker = worker_pod(pod)?;
+        let name = worker.jobset;
+        if let Some(jobset) = self
+            .jobsets
+            .get(&ObjectRef::new(name).within(&lost.namespace))
+        {
+            let settings = settings(&jobset_as_read(&jobset).metadata).ok()?;
+            return settings
+                .worker_groups
+                .iter()
+                .any(|group| group == worker.replicated_job)
+                .then(|| reference(JOBSET_API_VERSION, "JobSet", &jobset.metadata));
+        }
+        let train_job = self.objects.cached_train_job(&lost.namespace, name)?;
+        runtime_of(&self.objects, &train_job, &lost.namespace)
+            .await
+            .ok()?
+            .plan(&train_job)
+            .ok()
+            .flatten()?;
+        (worker.replicated_job == NODE)
+            .then(|| reference(TRAINER_API_VERSION, "TrainJob", &train_job.metadata))
+    }
+
+    /// Whether the lost worker's JobSet, read now, still runs the attempt `pod` belongs to.
+    async fn runs_attempt_of(&self, lost: &LostWorker, pod: &Pod) -> Result<bool, kube::Error> {
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.client.clone(),
+            &lost.namespace,
+            &ApiResource::erase::<JobSet>(&()),
+        );
+        let Some(jobset) = api.get_opt(&lost.jobset).await? else {
+            return Ok(false);
+        };
+        let progress: JobSetProgress = serde_json::to_value(jobset)
+            .and_then(serde_json::from_value)
+            .map_err(kube::Error::SerdeError)?;
+        Ok(progress.runs_attempt_of(pod))
+    }
+
+    /// Creates the `WorkerLost` Event; `true` when it exists now (made here or before).
+    async fn record_loss(&self, lost: &LostWorker, regarding: &ObjectReference) -> bool {
+        let created = self
+            .events
+            .create_once(&lost.namespace, |controller, instance| {
+                lost.event(
+                    regarding.clone(),
+                    controller,
+                    instance,
+                    k8s_openapi::jiff::Timestamp::now(),
+                )
+            });
+        match created.await {
+            Ok(true) => {
+                self.metrics.lost_worker();
+                tracing::info!(namespace = %lost.namespace, jobset = %lost.jobset,
+                    pod = %lost.pod, attempt = lost.attempt, cause = ?lost.cause,
+                    reason = WORKER_LOST, "recorded a lost worker");
+                true
+            }
+            Ok(false) => true,
+            Err(error) => {
+                tracing::warn!(%error, namespace = %lost.namespace, jobset = %lost.jobset,
+                    pod = %lost.pod, reason = WORKER_LOST, "recording a lost worker failed");
+                false
             }
         }
     }
@@ -204,18 +313,22 @@ struct Recorded {
     before_relist: HashMap<String, BTreeSet<String>>,
 }
 
+/// What [`Recorded`] keeps for a worker Pod once its loss is recorded, or found to be JobSet's
+/// own teardown: it is not looked at again.
+const LOSS_DECIDED: &str = "worker-lost";
+
 impl Recorded {
-    fn has(&self, failure: &FailedRun) -> bool {
+    fn has(&self, pod_uid: &str, name: &str) -> bool {
         self.runs
-            .get(&failure.pod_uid)
-            .is_some_and(|runs| runs.contains(&failure.event_name()))
+            .get(pod_uid)
+            .is_some_and(|runs| runs.contains(name))
     }
 
-    fn add(&mut self, failure: &FailedRun) {
+    fn add(&mut self, pod_uid: &str, name: String) {
         self.runs
-            .entry(failure.pod_uid.clone())
+            .entry(pod_uid.to_owned())
             .or_default()
-            .insert(failure.event_name());
+            .insert(name);
     }
 
     fn relist(&mut self) {
@@ -258,6 +371,7 @@ mod tests {
     use super::*;
     use crate::api::{RuntimeKind, TrainJob, TrainingRuntime};
     use crate::mpi::failed_run::{LAUNCHER_FAILED, PREFLIGHT_FAILED};
+    use crate::mpi::lost_worker::WORKER_LOST;
     use crate::objects::cluster::tests::synced_store;
     use futures::FutureExt;
 
@@ -643,9 +757,162 @@ mod tests {
         assert_eq!(finish(events, handle, task).await, (0, 0));
     }
 
-    /// The watch starts only once the JobSet cache is listed, and selects launcher Pods.
+    /// A worker Pod of JobSet `jobset`'s replicatedJob `rjob`, attempt 0, deleted.
+    fn deleted_worker(jobset: &str, rjob: &str, uid: &str) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": format!("{jobset}-{rjob}-0-1-x"), "namespace": "team",
+                "uid": uid, "deletionTimestamp": "2026-12-07T10:01:00Z",
+                "labels": {"jobset.sigs.k8s.io/jobset-name": jobset,
+                           "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                           "jobset.sigs.k8s.io/restart-attempt": "0"}},
+            "spec": {"nodeName": "n1", "containers": [{"name": "node", "image": "mpi"}]},
+            "status": {"phase": "Running"}
+        }))
+        .expect("Pod")
+    }
+
+    /// Answers the next request, which must be a GET of JobSet `pi`, with `status` and `body`.
+    async fn jobset_read(handle: &mut Handle, status: u16, body: Value) {
+        let (request, reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
+            .await
+            .expect("a request")
+            .expect("open");
+        assert_eq!(request.method(), Method::GET);
+        assert_eq!(
+            request.uri().path(),
+            "/apis/jobset.x-k8s.io/v1alpha2/namespaces/team/jobsets/pi"
+        );
+        let response = Response::builder()
+            .status(status)
+            .body(Body::from(serde_json::to_vec(&body).expect("json")))
+            .expect("response");
+        reply.send_response(response);
+    }
+
+    /// The handler over a mock API server, fed by the returned sender; the task returns the
+    /// lost workers it counted once the sender is dropped.
+    fn worker_pods() -> (PodEvents, Handle, tokio::task::JoinHandle<u64>) {
+        let (pods, handle) = over_mock(watch::channel(true).1, watch::channel(true).1);
+        let (tx, rx) = mpsc::unbounded();
+        let task = tokio::spawn(async move {
+            pods.handle_all(rx).await;
+            pods.metrics.lost_workers()
+        });
+        (tx, handle, task)
+    }
+
+    /// Ends the handler and returns its count; no request may be left.
+    async fn finish_workers(
+        events: PodEvents,
+        mut handle: Handle,
+        task: tokio::task::JoinHandle<u64>,
+    ) -> u64 {
+        drop(events);
+        let counted = tokio::time::timeout(TIMEOUT, task)
+            .await
+            .expect("the handler ends with its stream")
+            .expect("no panic");
+        let left = tokio::time::timeout(TIMEOUT, handle.next_request())
+            .await
+            .expect("the client is dropped");
+        assert!(
+            left.is_none(),
+            "an unexpected request: {:?}",
+            left.map(|r| r.0.uri().clone())
+        );
+        counted
+    }
+
+    /// A worker deleted while its JobSet runs its attempt: the JobSet is read once, then one
+    /// `WorkerLost` Event for the attempt; the same Pod again asks nothing, and a second worker
+    /// of the attempt finds the Event made (409) and counts nothing.
     #[tokio::test]
-    async fn the_pod_watch_waits_for_the_jobset_cache_and_selects_launchers() {
+    async fn a_lost_worker_is_one_event_per_attempt_after_a_fresh_read_of_its_jobset() {
+        let (events, mut handle, task) = worker_pods();
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("pi", "node", "w-1")),
+        );
+        jobset_read(
+            &mut handle,
+            200,
+            json!({"metadata": {"name": "pi"}, "status": {"restarts": 0}}),
+        )
+        .await;
+        assert_eq!(
+            created(&mut handle, 201, WORKER_LOST, &jobset_ref()).await,
+            (
+                "js-1.worker-lost-0".to_string(),
+                "worker Pod pi-node-0-1-x on node n1 was deleted before the launcher finished"
+                    .to_string()
+            )
+        );
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("pi", "node", "w-1")),
+        );
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("pi", "node", "w-2")),
+        );
+        jobset_read(&mut handle, 200, json!({"metadata": {"name": "pi"}})).await;
+        assert_eq!(
+            created(&mut handle, 409, WORKER_LOST, &jobset_ref())
+                .await
+                .0,
+            "js-1.worker-lost-0"
+        );
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("pi", "node", "w-2")),
+        );
+        assert_eq!(finish_workers(events, handle, task).await, 1);
+    }
+
+    /// Workers JobSet ends itself (a restart, the JobSet gone), workers of a JobSet not ours,
+    /// a replicatedJob that is no worker group, and a running worker: no Event.
+    #[tokio::test]
+    async fn workers_jobset_ends_itself_or_not_ours_are_not_lost() {
+        let (events, mut handle, task) = worker_pods();
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("pi", "node", "w-1")),
+        );
+        jobset_read(
+            &mut handle,
+            200,
+            json!({"metadata": {"name": "pi"}, "status": {"restarts": 1}}),
+        )
+        .await;
+        // Decided: not asked again.
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("pi", "node", "w-1")),
+        );
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("pi", "node", "w-2")),
+        );
+        let gone = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 404,
+                          "reason": "NotFound", "message": "jobsets \"pi\" not found"});
+        jobset_read(&mut handle, 404, gone).await;
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("other", "node", "w-3")),
+        );
+        send(
+            &events,
+            watcher::Event::Apply(deleted_worker("pi", "dataloader", "w-4")),
+        );
+        let mut running = deleted_worker("pi", "node", "w-5");
+        running.metadata.deletion_timestamp = None;
+        send(&events, watcher::Event::Apply(running));
+        assert_eq!(finish_workers(events, handle, task).await, 0);
+    }
+
+    /// The watch starts only once the JobSet cache is listed, and selects every JobSet's Pods.
+    #[tokio::test]
+    async fn the_pod_watch_waits_for_the_jobset_cache_and_selects_jobset_pods() {
         let (listed_tx, listed) = watch::channel(false);
         let (pods, mut handle) = over_mock(watch::channel(true).1, listed);
         let task = tokio::spawn(pods.run());
@@ -659,7 +926,8 @@ mod tests {
         assert_eq!(request.uri().path(), "/api/v1/pods");
         let query = request.uri().query().unwrap_or_default();
         assert!(
-            query.contains("labelSelector=jobset.sigs.k8s.io%2Freplicatedjob-name%3Dlauncher"),
+            query.contains("labelSelector=jobset.sigs.k8s.io%2Freplicatedjob-name&")
+                || query.ends_with("labelSelector=jobset.sigs.k8s.io%2Freplicatedjob-name"),
             "{query}"
         );
         task.abort();

@@ -34,6 +34,7 @@ pub struct ReconcileMetrics {
     hostfile_conflicts: Counter,
     preflight_failures: Counter,
     launcher_failures: Counter,
+    lost_workers: Counter,
     leader: Gauge,
 }
 
@@ -48,6 +49,7 @@ impl Default for ReconcileMetrics {
             hostfile_conflicts: Counter::default(),
             preflight_failures: Counter::default(),
             launcher_failures: Counter::default(),
+            lost_workers: Counter::default(),
             leader: Gauge::default(),
         }
     }
@@ -57,7 +59,7 @@ impl ReconcileMetrics {
     /// New metrics registered into `registry` (expected to carry the `mpi_webhook` prefix):
     /// `reconciles_total`, `reconcile_errors_total{error}`, `reconcile_duration_seconds`,
     /// `writes_total{object}`, `hostfile_conflicts_total`, `preflight_failures_total`,
-    /// `launcher_failures_total` and `leader`.
+    /// `launcher_failures_total`, `lost_workers_total` and `leader`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
         registry.register(
@@ -94,6 +96,11 @@ impl ReconcileMetrics {
             "launcher_failures",
             "Failed launcher runs recorded as LauncherFailed Events",
             metrics.launcher_failures.clone(),
+        );
+        registry.register(
+            "lost_workers",
+            "Workers lost before their launcher finished, recorded as WorkerLost Events (one per attempt of a job)",
+            metrics.lost_workers.clone(),
         );
         registry.register(
             "leader",
@@ -133,6 +140,16 @@ impl ReconcileMetrics {
             Kind::Preflight => self.preflight_failures.inc(),
             Kind::Launcher => self.launcher_failures.inc(),
         };
+    }
+
+    /// Counts one lost worker recorded as an Event.
+    pub fn lost_worker(&self) {
+        self.lost_workers.inc();
+    }
+
+    /// Lost workers recorded so far.
+    pub fn lost_workers(&self) -> u64 {
+        self.lost_workers.get()
     }
 
     /// Failed pre-flight runs recorded so far.
