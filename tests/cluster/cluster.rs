@@ -63,6 +63,8 @@ pub struct Cluster {
     pub logs: PathBuf,
     /// The node process and the pipe whose closing tears it down.
     node: Mutex<(Child, Option<ChildStdin>)>,
+    /// The node's folder (`node.sh`'s `NODE_DIR`: its containerd's socket is there).
+    node_dir: PathBuf,
     /// Controller manager, scheduler, JobSet, serve, reconcile.
     processes: Mutex<Vec<Process>>,
 }
@@ -235,6 +237,7 @@ impl Cluster {
             plane,
             logs: logs.clone(),
             node: Mutex::new((node, lifeline)),
+            node_dir: node_dir.clone(),
             processes: Mutex::new(Vec::new()),
         };
         cluster.start_controllers(&assets, &kubeconfig)?;
@@ -253,6 +256,30 @@ impl Cluster {
     /// A client as the cluster administrator.
     pub fn admin(&self) -> Client {
         self.plane.admin()
+    }
+
+    /// Kills container `container_id` (a Pod status's `containerID`, `containerd://` and all)
+    /// with SIGKILL through the node's containerd, as the kernel's OOM killer or a crash would
+    /// end it: the kubelet sees the container exit 137.
+    pub fn kill_container(&self, container_id: &str) -> Result<(), String> {
+        let id = container_id
+            .strip_prefix("containerd://")
+            .ok_or_else(|| format!("not a containerd container: {container_id}"))?;
+        let socket = self.node_dir.join("containerd/containerd.sock");
+        let out = Command::new("ctr")
+            .arg("--address")
+            .arg(&socket)
+            .args(["-n", "k8s.io", "tasks", "kill", "-s", "SIGKILL", id])
+            .output()
+            .map_err(|e| format!("ctr: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ctr tasks kill {id}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
     }
 
     fn spawn(

@@ -1,6 +1,7 @@
-//! MPI jobs on a real kubelet: the shipped samples to `Completed`, the restricted one at an
-//! arbitrary UID with verified host keys, a TrainJob-mode JobSet, a pre-flight that fails, and a
-//! JobSet deleted mid-run. Every assertion reads what the kubelet and the controllers did.
+//! MPI jobs on a real kubelet: the shipped samples to `Completed` (and no worker reported lost
+//! when JobSet ends them after), the restricted one at an arbitrary UID with verified host keys,
+//! a TrainJob-mode JobSet, a pre-flight that fails, and a JobSet deleted mid-run. Every
+//! assertion reads what the kubelet and the controllers did.
 
 use std::time::{Duration, Instant};
 
@@ -134,7 +135,7 @@ pub async fn diagnose(cluster: &Cluster, ns: &str) -> String {
 
 /// Waits until JobSet `name` has condition `Completed` (`Ok`) or `Failed` (`Err`, with what
 /// the cluster shows).
-async fn finished(cluster: &Cluster, ns: &str, name: &str) -> Result<Duration, String> {
+pub async fn finished(cluster: &Cluster, ns: &str, name: &str) -> Result<Duration, String> {
     let client = cluster.admin();
     let started = Instant::now();
     let mut seen_restarts = 0;
@@ -243,7 +244,7 @@ async fn report_restarts(client: &Client, ns: &str, name: &str, seen: &mut i32) 
 }
 
 /// The pods of replicatedJob `job` of JobSet `name`, by name.
-async fn pods_of(client: &Client, ns: &str, name: &str, job: &str) -> Vec<Pod> {
+pub async fn pods_of(client: &Client, ns: &str, name: &str, job: &str) -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let selector = format!(
         "jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name={job}"
@@ -328,6 +329,35 @@ async fn shipped_sample_runs(path: &str, prefix: &str) {
     let log = run_to_completed(cluster, &jobset, "launcher").await;
     assert_ranks_on_every_worker(cluster, &ns, &name, &log).await;
     assert_ran_once(cluster, &ns, &name).await;
+    assert_no_worker_lost_in_teardown(cluster, &ns, &name).await;
+}
+
+/// After the JobSet completed, JobSet deletes its workers (whose script then exits 143): that
+/// is no loss, and no `WorkerLost` Event says otherwise (Decision 21).
+async fn assert_no_worker_lost_in_teardown(cluster: &Cluster, ns: &str, name: &str) {
+    let client = cluster.admin();
+    let (client, name_ref) = (&client, name);
+    until(
+        cluster,
+        ns,
+        "the workers' teardown",
+        JOB_TIMEOUT,
+        || async move {
+            pods_of(client, ns, name_ref, "node")
+                .await
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
+    // The reconciler heard of each worker's end before the Pods were gone; give its JobSet read
+    // and (wrong) Event create time to land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let lost = events(client, ns, "WorkerLost").await;
+    assert!(
+        lost.is_empty(),
+        "a WorkerLost Event for a JobSet that completed: {lost:?}"
+    );
 }
 
 /// JobSet mode's pre-flight holds the launcher until every host resolves and every sshd answers,
