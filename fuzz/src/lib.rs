@@ -186,6 +186,7 @@ const KEYS: &[&str] = &[
     "mpi-webhook.io/network-policy",
     "mpi-webhook.io/ssh-port",
     "mpi-webhook.io/preflight",
+    "mpi-webhook.io/preflight-timeout",
     "mpi-webhook.io/ssh-setup",
     "mpi-webhook.io/worker-groups",
     "mpi-webhook.io/slots-per-group",

@@ -281,6 +281,14 @@ impl MpiPlan {
             .map(|d| d.options.preflight_image.as_str())
     }
 
+    /// The launcher pre-flight's timeout when the JobSet sets one
+    /// (`mpi-webhook.io/preflight-timeout`); `None` leaves the pre-flight's own default.
+    pub fn preflight_timeout(&self) -> Option<&str> {
+        self.jobset_defaults
+            .as_ref()
+            .and_then(|d| d.settings.preflight_timeout.as_deref())
+    }
+
     /// The worker group named `name`, if it is one.
     pub fn worker_group(&self, name: &str) -> Option<&WorkerGroup> {
         self.worker_groups.iter().find(|g| g.name == name)

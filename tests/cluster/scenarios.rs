@@ -15,8 +15,12 @@ use crate::support::{create, documents, events, get, list};
 
 /// How long a small MPI job may take from create to `Completed` on a loaded 2-core machine.
 const JOB_TIMEOUT: Duration = Duration::from_secs(240);
-/// The pre-flight's own timeout (`mpi-webhook preflight --timeout`, 5 min) and then some.
-const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(420);
+/// The pre-flight scenario's own timeout (`mpi-webhook.io/preflight-timeout`), so that it fails
+/// in seconds rather than the default 5 minutes.
+const PREFLIGHT_GIVES_UP: &str = "20s";
+/// How long until that pre-flight failed and the reconciler said so: its timeout, the pods'
+/// start and then some.
+const PREFLIGHT_TIMEOUT: Duration = Duration::from_secs(150);
 
 /// The images the samples name, and the ones built offline that stand in for them.
 const IMAGES: [(&str, &str); 3] = [
@@ -566,6 +570,8 @@ async fn a_worker_without_sshd_fails_the_preflight_and_the_jobset_says_which_hos
     let client = cluster.admin();
     let ns = cluster.plane.namespace("preflight").await;
     let mut jobset = sample("manifests/samples/jobset-pi-openmpi.yaml", &ns);
+    jobset["metadata"]["annotations"]["mpi-webhook.io/preflight-timeout"] =
+        json!(PREFLIGHT_GIVES_UP);
     // The workers are Ready (their own probe) but run no sshd.
     let worker = &mut containers(&mut jobset, "node")[0];
     worker["command"] = json!(["sleep", "3600"]);

@@ -1201,6 +1201,35 @@ async fn a_jobset_started_in_order_gets_no_dependson() {
     );
 }
 
+/// `mpi-webhook.io/preflight-timeout` reaches the pre-flight's `--timeout` as written (the
+/// pre-flight reads it the way the webhook checked it); it is denied when it is not a duration
+/// from 1s to 1h, and fixed at creation like every setting.
+#[tokio::test]
+async fn a_preflight_timeout_reaches_the_preflights_command_and_is_fixed_at_creation() {
+    const TIMEOUT: &str = "mpi-webhook.io/preflight-timeout";
+    let js = jobset("OpenMPI", json!({TIMEOUT: "20s"}), minimal_rjobs());
+    let defaulted_js = defaulted(js.clone(), IMAGE).await;
+    assert_eq!(
+        pod_spec(&defaulted_js, 1)["initContainers"],
+        json!([crate::preflight::preflight_container_with_timeout(
+            IMAGE,
+            "22",
+            Some("20s")
+        )])
+    );
+    assert_eq!(
+        denial(jobset("OpenMPI", json!({TIMEOUT: "2h"}), minimal_rjobs())).await,
+        r#"metadata.annotations[mpi-webhook.io/preflight-timeout]: Invalid value: "2h": must be a duration from 1s to 1h, e.g. 30s or 10m"#
+    );
+    let mut changed = js.clone();
+    changed["metadata"]["annotations"][TIMEOUT] = json!("30s");
+    let response = review(Route::ValidateJobSet, "UPDATE", changed, Some(js)).await;
+    assert_eq!(
+        response["status"]["message"],
+        r#"metadata.annotations[mpi-webhook.io/preflight-timeout]: Invalid value: "30s": field is immutable"#
+    );
+}
+
 #[tokio::test]
 async fn no_preflight_without_an_image_or_with_the_annotation_false() {
     let js = defaulted(jobset("Intel", json!({}), minimal_rjobs()), "").await;

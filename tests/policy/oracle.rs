@@ -28,7 +28,7 @@ const WORKER_SCRIPT: &str = "trap 'kill -TERM \"$sshd\" 2>/dev/null; exit 143' T
 use mpi_webhook::mpi::jobset_mode::SshSetup;
 use mpi_webhook::mpi::jobset_mode::ssh_setup::script;
 
-use super::preflight::preflight_container;
+use super::preflight::preflight_container_with_timeout;
 
 const PREFLIGHT: &str = "mpi-preflight";
 const HOSTFILE: &str = "/etc/mpi/hostfile";
@@ -443,7 +443,14 @@ fn wire(
                     .map_or(0, |p| p + 1),
                 false => 0,
             };
-            init.insert(at, preflight_container(image, &port.to_string()));
+            let timeout = plan
+                .jobset_defaults
+                .as_ref()
+                .and_then(|d| d.settings.preflight_timeout.as_deref());
+            init.insert(
+                at,
+                preflight_container_with_timeout(image, &port.to_string(), timeout),
+            );
         }
     }
     // C.4 and C.5: mounts by mountPath and env by name, on the wired containers only (in

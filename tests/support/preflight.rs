@@ -6,11 +6,26 @@ use serde_json::{Value, json};
 
 /// The `mpi-preflight` init container for `image` and the workers' sshd `port`.
 pub fn preflight_container(image: &str, port: &str) -> Value {
+    preflight_container_with_timeout(image, port, None)
+}
+
+/// The same, with `--timeout` when the JobSet sets `mpi-webhook.io/preflight-timeout`.
+pub fn preflight_container_with_timeout(image: &str, port: &str, timeout: Option<&str>) -> Value {
+    let mut command = json!([
+        "/usr/local/bin/mpi-webhook",
+        "preflight",
+        "--hostfile",
+        "/etc/mpi/hostfile",
+        "--port",
+        port
+    ]);
+    if let (Some(timeout), Some(words)) = (timeout, command.as_array_mut()) {
+        words.extend([json!("--timeout"), json!(timeout)]);
+    }
     json!({
         "name": "mpi-preflight",
         "image": image,
-        "command": ["/usr/local/bin/mpi-webhook", "preflight", "--hostfile", "/etc/mpi/hostfile",
-                    "--port", port],
+        "command": command,
         "volumeMounts": [{"name": "mpi-hostfile", "mountPath": "/etc/mpi", "readOnly": true}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": {

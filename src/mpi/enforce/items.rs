@@ -188,12 +188,24 @@ pub fn hide_gpus_env() -> [Value; 2] {
 pub const SUCCESS_ALL: &str = "All";
 
 /// JobSet mode: the launcher pre-flight init container, `mpi-webhook preflight` in `image`
-/// on the hostfile, admitted under the `restricted` Pod Security Standard.
-pub fn preflight_container(image: &str, port: u16) -> Value {
+/// on the hostfile (with `--timeout` when the JobSet sets one), admitted under the `restricted`
+/// Pod Security Standard.
+pub fn preflight_container(image: &str, port: u16, timeout: Option<&str>) -> Value {
+    let mut command = vec![
+        PREFLIGHT_BINARY.to_string(),
+        "preflight".into(),
+        "--hostfile".into(),
+        HOSTFILE_PATH.into(),
+        "--port".into(),
+        port.to_string(),
+    ];
+    if let Some(timeout) = timeout {
+        command.extend(["--timeout".into(), timeout.to_string()]);
+    }
     json!({
         "name": PREFLIGHT_CONTAINER,
         "image": image,
-        "command": [PREFLIGHT_BINARY, "preflight", "--hostfile", HOSTFILE_PATH, "--port", port.to_string()],
+        "command": command,
         "volumeMounts": [{"name": HOSTFILE_VOLUME, "mountPath": HOSTFILE_DIR, "readOnly": true}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "resources": {

@@ -439,7 +439,7 @@ impl Items {
                 backoff_limit: items::backoff_limit(),
                 preflight: plan
                     .preflight_image()
-                    .map(|image| items::preflight_container(image, port)),
+                    .map(|image| items::preflight_container(image, port, plan.preflight_timeout())),
                 launcher_message_policy: items::launcher_termination_message_policy(),
                 hide_gpus_env: (!plan.run_launcher_as_node).then(items::hide_gpus_env),
             }),

@@ -29,6 +29,9 @@ pub const NETWORK_POLICY_ANNOTATION: &str = "mpi-webhook.io/network-policy";
 pub const SSH_PORT_ANNOTATION: &str = "mpi-webhook.io/ssh-port";
 /// Annotation: `false` opts out of the launcher pre-flight init container.
 pub const PREFLIGHT_ANNOTATION: &str = "mpi-webhook.io/preflight";
+/// Annotation: how long the launcher pre-flight waits for every host, a duration from 1s to 1h
+/// (`30s`, `10m`); absent means `mpi-webhook preflight`'s own default (5 minutes).
+pub const PREFLIGHT_TIMEOUT_ANNOTATION: &str = "mpi-webhook.io/preflight-timeout";
 /// Annotation: `generated` (the default) or `image`, who sets up ssh: the webhook's init
 /// container, or the image (its sshd_config, host keys and client settings).
 pub const SSH_SETUP_ANNOTATION: &str = "mpi-webhook.io/ssh-setup";
@@ -38,7 +41,7 @@ pub const WORKER_GROUPS_ANNOTATION: &str = "mpi-webhook.io/worker-groups";
 /// Annotation: slots per host of some worker groups, `<group>=<N>` comma-separated (Decision 20).
 pub const SLOTS_PER_GROUP_ANNOTATION: &str = "mpi-webhook.io/slots-per-group";
 /// Every annotation JobSet mode reads; like the label, fixed once the JobSet exists.
-pub const SETTING_ANNOTATIONS: [&str; 10] = [
+pub const SETTING_ANNOTATIONS: [&str; 11] = [
     SLOTS_PER_NODE_ANNOTATION,
     SSH_AUTH_MOUNT_PATH_ANNOTATION,
     RUN_LAUNCHER_AS_NODE_ANNOTATION,
@@ -46,6 +49,7 @@ pub const SETTING_ANNOTATIONS: [&str; 10] = [
     NETWORK_POLICY_ANNOTATION,
     SSH_PORT_ANNOTATION,
     PREFLIGHT_ANNOTATION,
+    PREFLIGHT_TIMEOUT_ANNOTATION,
     SSH_SETUP_ANNOTATION,
     WORKER_GROUPS_ANNOTATION,
     SLOTS_PER_GROUP_ANNOTATION,
@@ -147,6 +151,9 @@ pub struct Settings {
     /// The annotation's `true`/`false`, or `true`: whether the launcher gets the pre-flight
     /// (when an image for it is configured).
     pub preflight: bool,
+    /// The annotation's pre-flight timeout as written (a duration `mpi-webhook preflight
+    /// --timeout` reads the same way), or `None`: the pre-flight's own default.
+    pub preflight_timeout: Option<String>,
     /// The worker groups' replicatedJob names, in hostfile order: the annotation's, or `node`.
     pub worker_groups: Vec<String>,
     /// The worker-groups annotation as written (the rules' errors quote it), or `None`.
@@ -241,6 +248,16 @@ impl Read {
             )
             .unwrap_or_else(|| ssh_setup.default_port());
         let preflight = read.flag(PREFLIGHT_ANNOTATION).unwrap_or(true);
+        let preflight_timeout = read.parsed(
+            PREFLIGHT_TIMEOUT_ANNOTATION,
+            |text| {
+                humantime::parse_duration(text)
+                    .ok()
+                    .filter(|d| PREFLIGHT_TIMEOUTS.contains(d))
+                    .map(|_| text.to_string())
+            },
+            "must be a duration from 1s to 1h, e.g. 30s or 10m",
+        );
         let worker_groups = read.worker_groups();
         let slots_per_group = read.slots_per_group(worker_groups.as_deref());
         Read {
@@ -254,6 +271,7 @@ impl Read {
                 ssh_port,
                 ssh_setup,
                 preflight,
+                preflight_timeout,
                 worker_groups: worker_groups.unwrap_or_else(|| vec![NODE.to_string()]),
                 worker_groups_annotation: read.text(WORKER_GROUPS_ANNOTATION).map(str::to_string),
                 slots_per_group,
@@ -292,6 +310,11 @@ impl Read {
 pub fn settings(metadata: &ObjectMeta) -> Result<Settings, Vec<FieldError>> {
     Read::new(metadata, |_| SshSetup::Generated).into_result()
 }
+
+/// The pre-flight timeouts a JobSet may ask for: long enough to resolve a name, short enough
+/// that a job that cannot start says so within the hour.
+const PREFLIGHT_TIMEOUTS: std::ops::RangeInclusive<std::time::Duration> =
+    std::time::Duration::from_secs(1)..=std::time::Duration::from_secs(3600);
 
 /// `true` and `false`, in the order error messages list them.
 const BOOLEAN: [(&str, bool); 2] = [("true", true), ("false", false)];
@@ -512,6 +535,7 @@ mod tests {
                 ssh_port: 2222,
                 ssh_setup: SshSetup::Generated,
                 preflight: true,
+                preflight_timeout: None,
                 worker_groups: vec!["node".into()],
                 worker_groups_annotation: None,
                 slots_per_group: Vec::new(),
@@ -542,6 +566,35 @@ mod tests {
     }
 
     #[test]
+    fn a_preflight_timeout_is_a_duration_from_1s_to_1h_kept_as_written() {
+        let timeout = |text: &str| {
+            settings(&metadata(json!({
+                "labels": {IMPLEMENTATION_LABEL: "OpenMPI"},
+                "annotations": {PREFLIGHT_TIMEOUT_ANNOTATION: text}
+            })))
+            .map(|s| s.preflight_timeout)
+            .map_err(|errors| errors.iter().map(ToString::to_string).collect::<Vec<_>>())
+        };
+        for ok in ["1s", "30s", "10m", "1m 30s", "1h"] {
+            assert_eq!(timeout(ok), Ok(Some(ok.to_string())), "{ok}");
+        }
+        for bad in ["0s", "500ms", "61m", "30", "soon", ""] {
+            assert_eq!(
+                timeout(bad),
+                Err(vec![format!(
+                    "metadata.annotations[mpi-webhook.io/preflight-timeout]: Invalid value: \"{bad}\": \
+                     must be a duration from 1s to 1h, e.g. 30s or 10m"
+                )]),
+                "{bad}"
+            );
+        }
+        let unset = settings(&metadata(
+            json!({"labels": {IMPLEMENTATION_LABEL: "OpenMPI"}}),
+        ));
+        assert_eq!(unset.map(|s| s.preflight_timeout), Ok(None));
+    }
+
+    #[test]
     fn every_bad_setting_is_reported_at_once() {
         let errors = settings(&metadata(json!({
             "labels": {IMPLEMENTATION_LABEL: ""},
@@ -569,6 +622,7 @@ mod tests {
                     RUN_LAUNCHER_AS_NODE_ANNOTATION: "yes", CONTAINER_ANNOTATION: "mpi",
                     NETWORK_POLICY_ANNOTATION: "on", SSH_SETUP_ANNOTATION: "sshd",
                     SSH_PORT_ANNOTATION: "0", PREFLIGHT_ANNOTATION: "no",
+                    PREFLIGHT_TIMEOUT_ANNOTATION: "soon",
                     WORKER_GROUPS_ANNOTATION: ",", SLOTS_PER_GROUP_ANNOTATION: "a"
                 }
             })),
@@ -585,6 +639,7 @@ mod tests {
                 SSH_SETUP_ANNOTATION,
                 SSH_PORT_ANNOTATION,
                 PREFLIGHT_ANNOTATION,
+                PREFLIGHT_TIMEOUT_ANNOTATION,
                 WORKER_GROUPS_ANNOTATION,
                 SLOTS_PER_GROUP_ANNOTATION,
             ]
