@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use arbitrary::{Result, Unstructured};
 use base64::Engine as _;
 use mpi_webhook::admission::{BadReview, Reviewed, Route, Verb, review};
+use mpi_webhook::mpi::jobset_mode::settings;
 use mpi_webhook::objects::Snapshot;
 use serde_json::{Map, Value, json};
 
@@ -178,18 +179,6 @@ const KEYS: &[&str] = &[
     "sshAuthMountPath",
     "runLauncherAsNode",
     "trainer.kubeflow.org/trainjob-ancestor-step",
-    "mpi-webhook.io/implementation",
-    "mpi-webhook.io/slots-per-node",
-    "mpi-webhook.io/ssh-auth-mount-path",
-    "mpi-webhook.io/run-launcher-as-node",
-    "mpi-webhook.io/container",
-    "mpi-webhook.io/network-policy",
-    "mpi-webhook.io/ssh-port",
-    "mpi-webhook.io/preflight",
-    "mpi-webhook.io/preflight-timeout",
-    "mpi-webhook.io/ssh-setup",
-    "mpi-webhook.io/worker-groups",
-    "mpi-webhook.io/slots-per-group",
     "gpu",
 ];
 
@@ -229,10 +218,22 @@ const STRINGS: &[&str] = &[
     "gpu=0",
 ];
 
+/// The keys the policy reads: [`KEYS`], JobSet mode's label and every setting annotation (the
+/// library's own list, so a new setting is fuzzed without an edit here).
+fn known_keys() -> &'static [&'static str] {
+    static ALL: OnceLock<Vec<&'static str>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        let mut all = KEYS.to_vec();
+        all.push(settings::IMPLEMENTATION_LABEL);
+        all.extend(settings::SETTING_ANNOTATIONS);
+        all
+    })
+}
+
 /// A key: mostly one the policy reads, sometimes arbitrary.
 fn key(u: &mut Unstructured<'_>) -> Result<String> {
     if u.ratio(7, 8)? {
-        Ok((*u.choose(KEYS)?).to_string())
+        Ok((*u.choose(known_keys())?).to_string())
     } else {
         u.arbitrary()
     }

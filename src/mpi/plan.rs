@@ -3,8 +3,9 @@
 //! the hostfile are derived from an [`MpiPlan`], so they agree on every count and name.
 //!
 //! TrainJob mode builds it from a TrainJob on its runtime ([`MpiPlan::new`]); JobSet mode from
-//! the JobSet's own label and annotations ([`MpiPlan::for_jobset`], on [`super::jobset_mode`]'s
-//! settings).
+//! the JobSet's own label and annotations, read once into [`super::jobset_mode`]'s settings
+//! ([`MpiPlan::from_settings`]; [`MpiPlan::for_jobset`] reads them too, for the tests and the
+//! fuzzer).
 
 use crate::api::resources::ResourceRequirements;
 use crate::api::{
@@ -281,14 +282,6 @@ impl MpiPlan {
             .map(|d| d.options.preflight_image.as_str())
     }
 
-    /// The launcher pre-flight's timeout when the JobSet sets one
-    /// (`mpi-webhook.io/preflight-timeout`); `None` leaves the pre-flight's own default.
-    pub fn preflight_timeout(&self) -> Option<&str> {
-        self.jobset_defaults
-            .as_ref()
-            .and_then(|d| d.settings.preflight_timeout.as_deref())
-    }
-
     /// The worker group named `name`, if it is one.
     pub fn worker_group(&self, name: &str) -> Option<&WorkerGroup> {
         self.worker_groups.iter().find(|g| g.name == name)
@@ -345,7 +338,9 @@ impl MpiPlan {
 }
 
 impl MpiPlan {
-    /// The plan of a JobSet-mode JobSet: its settings, its own counts (`replicas` x
+    /// The plan of a JobSet-mode JobSet, its settings read here: what tests and the fuzzer use.
+    /// Production code reads the settings once for its rules too and calls
+    /// [`MpiPlan::from_settings`]. Its settings, its own counts (`replicas` x
     /// `parallelism`, never changed: no `node_count`), `spec.network.subdomain` else its name,
     /// the private key projected with 0o600 (Decision 18), and the pre-flight of `options`.
     ///

@@ -137,8 +137,8 @@ pub fn identity<K: Resource>(object: &mut K) {
 /// serves from its watch cache only when etcd supports watch progress requests, and otherwise
 /// from etcd, decoding every object again. Pages of [`LIST_PAGE`], not client-go's 500: a page
 /// is decoded whole, each object with its `managedFields` (as `serde_json` values, a map per
-/// field) before they are dropped, and a page of 500 JobSets made 7.7 of the reconciler's 12.8
-/// MiB heap peak at 2,000 JobSet-mode JobSets.
+/// field) before they are dropped, and a page of 500 JobSets was most of the reconciler's heap
+/// peak (docs/operations.md "Memory and the number of jobs").
 pub fn watch_config() -> watcher::Config {
     watcher::Config::default()
         .any_semantic()
@@ -438,6 +438,7 @@ impl ClusterObjects {
     }
 
     /// Whether all three caches hold their initial list, without waiting.
+    #[cfg(test)]
     pub fn is_synced(&self) -> bool {
         matches!(self.synced().now_or_never(), Some(Ok(())))
     }

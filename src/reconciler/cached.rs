@@ -52,8 +52,8 @@ const OURS: &str = "mpi-webhook.io/";
 /// labels, which only admission reads).
 ///
 /// Our label and our annotations are kept in **one** map, the annotations' (a map costs a
-/// B-tree node of about 540 bytes however few its entries: 5 MiB at 10,000 JobSets for the
-/// second one): the label under its own key, [`IMPLEMENTATION_LABEL`], and no labels. Safe
+/// B-tree node of about 540 bytes however few its entries, which at ten thousand JobSets is
+/// megabytes for the second one; docs/operations.md has the measured figures): the label under its own key, [`IMPLEMENTATION_LABEL`], and no labels. Safe
 /// because no annotation of that key is read by anybody (the settings read the key as a label
 /// only), so the one a JobSet may carry is dropped, and because every reader of this cache
 /// reads it through [`jobset_as_read`], which puts the label back where the settings read it:
@@ -112,7 +112,7 @@ pub(super) fn jobset_as_read(cached: &JobSet) -> std::borrow::Cow<'_, JobSet> {
 /// one key we set (`hostfile`, the only one [`crate::mpi::hostfile::hostfile_configmap`]
 /// writes), and no data. The digest is kept in `metadata.selfLink`, a field the API server has
 /// not set since Kubernetes 1.20 and that nothing of ours reads, because a one-entry map costs
-/// a B-tree node of 544 bytes (5.8 MiB at 10,000 jobs) for a 43-byte digest; read it with
+/// a B-tree node of 544 bytes for a 43-byte digest; read it with
 /// [`cached_hostfile`], never the field. The keys others added are dropped (`writes::applied`
 /// compares only the keys we set).
 pub(super) fn cached_data(configmap: &mut ConfigMap) {

@@ -64,22 +64,22 @@ impl ReconcileMetrics {
         let metrics = Self::default();
         registry.register(
             "reconciles",
-            "TrainJob reconciles started",
+            "Reconciles started, of MPI TrainJobs and JobSet-mode JobSets",
             metrics.reconciles.clone(),
         );
         registry.register(
             "reconcile_errors",
-            "Failed TrainJob reconciles by error kind",
+            "Failed reconciles by error kind",
             metrics.failures.clone(),
         );
         registry.register(
             "reconcile_duration_seconds",
-            "Duration of TrainJob reconciles",
+            "Duration of reconciles",
             metrics.duration.clone(),
         );
         registry.register(
             "writes",
-            "Writes to the API server by object kind (secret, configmap)",
+            "Writes to the API server by object kind (secret, configmap, networkpolicy)",
             metrics.writes.clone(),
         );
         registry.register(
@@ -165,11 +165,6 @@ impl ReconcileMetrics {
     /// Records whether this replica is the leader.
     pub fn set_leader(&self, leader: bool) {
         self.leader.set(i64::from(leader));
-    }
-
-    /// Reconciles started so far (for tests and logs).
-    pub fn reconciles(&self) -> u64 {
-        self.reconciles.get()
     }
 
     /// Failed reconciles of one error kind so far.

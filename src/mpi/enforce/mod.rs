@@ -13,10 +13,11 @@
 //! user wrote. A value of the wrong JSON type where a rule writes is a [`MutationError`].
 //!
 //! Adding a JobSet-mode default touches up to three files: the value in `items.rs` (built once per
-//! JobSet in [`Items`]), one rule in the step of its level here, and the setting it depends on
-//! in `plan.rs` (or `jobset_mode/settings.rs` when an annotation turns it on); an env var of an
-//! implementation is a row in `implementation.rs` and the reference's literal in
-//! `tests/policy/oracle.rs`. `tests/policy/oracle.rs` states the rules on its own, the golden
+//! JobSet in [`Items`]), one rule in the step of its level here, and the setting it depends on:
+//! an annotation read by `Read::new` (`jobset_mode/settings.rs`), or a flag, a field of
+//! `plan::Options`; the plan keeps both whole and does not change (docs/development.md "Where a
+//! change goes"). An env var of an implementation is a row in `implementation.rs` and the
+//! reference's literal in `tests/policy/oracle.rs`. `tests/policy/oracle.rs` states the rules on its own, the golden
 //! corpus (`tests/fixtures/golden/`) holds the JobSet every differential case makes, and
 //! `tests/policy/enforce.rs` checks that a user's value at every path the policy writes survives
 //! where the contract says so.
@@ -425,7 +426,7 @@ impl Items {
                 .launcher_env()
                 .map(|(name, value)| to_json(&EnvVar { name, value }))
                 .collect(),
-            defaults: plan.jobset_defaults.as_ref().map(|_| Defaults {
+            defaults: plan.jobset_defaults.as_ref().map(|d| Defaults {
                 sshd_command: if generated {
                     ssh_setup::sshd_command()
                 } else {
@@ -437,9 +438,10 @@ impl Items {
                 ),
                 success_policy: items::success_policy_launcher(),
                 backoff_limit: items::backoff_limit(),
-                preflight: plan
-                    .preflight_image()
-                    .map(|image| items::preflight_container(image, port, plan.preflight_timeout())),
+                preflight: plan.preflight_image().map(|image| {
+                    let timeout = d.settings.preflight_timeout.as_deref();
+                    items::preflight_container(image, port, timeout)
+                }),
                 launcher_message_policy: items::launcher_termination_message_policy(),
                 hide_gpus_env: (!plan.run_launcher_as_node).then(items::hide_gpus_env),
             }),

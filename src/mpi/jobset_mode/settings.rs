@@ -325,9 +325,19 @@ struct Reader<'m> {
     errors: Vec<FieldError>,
 }
 
+#[cfg(test)]
+thread_local! {
+    /// Every annotation key a [`Reader`] of this thread asked for: a test holds
+    /// [`SETTING_ANNOTATIONS`] (the immutable ones) to exactly these.
+    static ASKED: std::cell::RefCell<std::collections::BTreeSet<String>> =
+        const { std::cell::RefCell::new(std::collections::BTreeSet::new()) };
+}
+
 impl<'m> Reader<'m> {
     /// The annotation `key`, as written.
     fn text(&self, key: &str) -> Option<&'m str> {
+        #[cfg(test)]
+        ASKED.with(|asked| asked.borrow_mut().insert(key.to_string()));
         annotation(self.metadata, key)
     }
 
@@ -592,6 +602,23 @@ mod tests {
             json!({"labels": {IMPLEMENTATION_LABEL: "OpenMPI"}}),
         ));
         assert_eq!(unset.map(|s| s.preflight_timeout), Ok(None));
+    }
+
+    /// A setting `Read::new` reads but `SETTING_ANNOTATIONS` lacks would be silently mutable on
+    /// UPDATE; one listed but never read would be a rule on nothing.
+    #[test]
+    fn the_immutable_settings_are_exactly_the_annotations_read_new_reads() {
+        ASKED.with(|asked| asked.borrow_mut().clear());
+        let _ = Read::new(
+            &metadata(json!({"labels": {IMPLEMENTATION_LABEL: "OpenMPI"}})),
+            |_| SshSetup::Generated,
+        );
+        let asked = ASKED.with(|asked| asked.borrow().clone());
+        let listed: std::collections::BTreeSet<String> = SETTING_ANNOTATIONS
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(asked, listed);
     }
 
     #[test]
