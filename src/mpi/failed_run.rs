@@ -164,32 +164,69 @@ impl FailedRun {
         instance: &str,
         now: Timestamp,
     ) -> Event {
-        let pod = ObjectReference {
-            api_version: Some(Pod::api_version(&()).into_owned()),
-            kind: Some(Pod::kind(&()).into_owned()),
-            name: Some(self.pod.clone()),
-            namespace: Some(self.namespace.clone()),
-            uid: Some(self.pod_uid.clone()),
-            field_path: Some(format!("spec.{}{{{}}}", self.kind.list(), self.container)),
-            ..ObjectReference::default()
-        };
-        Event {
-            metadata: ObjectMeta {
-                name: Some(self.event_name()),
-                namespace: Some(self.namespace.clone()),
-                ..ObjectMeta::default()
+        let mut pod = pod_reference(&self.namespace, &self.pod, &self.pod_uid);
+        pod.field_path = Some(format!("spec.{}{{{}}}", self.kind.list(), self.container));
+        warning_event(
+            WarningEvent {
+                name: self.event_name(),
+                reason: self.kind.reason(),
+                action: self.kind.action(),
+                note: self.note(),
             },
-            action: Some(self.kind.action().into()),
-            reason: Some(self.kind.reason().into()),
-            type_: Some("Warning".into()),
-            note: Some(self.note()),
-            regarding: Some(regarding),
-            related: Some(pod),
-            event_time: Some(MicroTime(now)),
-            reporting_controller: Some(controller.into()),
-            reporting_instance: Some(instance.into()),
-            ..Event::default()
-        }
+            regarding,
+            pod,
+            (controller, instance),
+            now,
+        )
+    }
+}
+
+/// What tells one of the reconciler's fixed-name Warning Events from another.
+pub(crate) struct WarningEvent {
+    /// Its name, fixed by what it reports, so that a second create is `AlreadyExists`.
+    pub name: String,
+    pub reason: &'static str,
+    pub action: &'static str,
+    pub note: String,
+}
+
+/// The reference of Pod `name` (UID `uid`) in `namespace`, an Event's related object.
+pub(crate) fn pod_reference(namespace: &str, name: &str, uid: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some(Pod::api_version(&()).into_owned()),
+        kind: Some(Pod::kind(&()).into_owned()),
+        name: Some(name.to_owned()),
+        namespace: Some(namespace.to_owned()),
+        uid: Some(uid.to_owned()),
+        ..ObjectReference::default()
+    }
+}
+
+/// The Warning Event `event` on `regarding`, related to the Pod `related` (in whose namespace
+/// it is made), reported by `reporter` (controller, instance) at `now`.
+pub(crate) fn warning_event(
+    event: WarningEvent,
+    regarding: ObjectReference,
+    related: ObjectReference,
+    (controller, instance): (&str, &str),
+    now: Timestamp,
+) -> Event {
+    Event {
+        metadata: ObjectMeta {
+            name: Some(event.name),
+            namespace: related.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        action: Some(event.action.into()),
+        reason: Some(event.reason.into()),
+        type_: Some("Warning".into()),
+        note: Some(event.note),
+        regarding: Some(regarding),
+        related: Some(related),
+        event_time: Some(MicroTime(now)),
+        reporting_controller: Some(controller.into()),
+        reporting_instance: Some(instance.into()),
+        ..Event::default()
     }
 }
 
@@ -301,7 +338,7 @@ fn failed_runs_of(status: &ContainerStatus) -> Vec<(i32, &ContainerStateTerminat
 const CUT: &str = "…";
 
 /// `text` cut to at most `max` bytes at a character boundary, with `…` where it was cut.
-fn bounded(text: String, max: usize) -> String {
+pub(crate) fn bounded(text: String, max: usize) -> String {
     if text.len() <= max {
         return text;
     }

@@ -17,12 +17,13 @@
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, PodCondition};
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::Resource;
 use serde::Deserialize;
 
-use super::failed_run::{NOTE_MAX_BYTES, REPLICATED_JOB_LABEL};
+use super::failed_run::{
+    NOTE_MAX_BYTES, REPLICATED_JOB_LABEL, WarningEvent, bounded, pod_reference, warning_event,
+};
 use super::{JOBSET_NAME_LABEL, LAUNCHER};
 
 /// The Event's reason.
@@ -283,31 +284,19 @@ impl LostWorker {
         instance: &str,
         now: Timestamp,
     ) -> Event {
-        let pod = ObjectReference {
-            api_version: Some(Pod::api_version(&()).into_owned()),
-            kind: Some(Pod::kind(&()).into_owned()),
-            name: Some(self.pod.clone()),
-            namespace: Some(self.namespace.clone()),
-            uid: Some(self.pod_uid.clone()),
-            ..ObjectReference::default()
-        };
-        Event {
-            metadata: ObjectMeta {
-                name: Some(self.event_name(regarding.uid.as_deref().unwrap_or_default())),
-                namespace: Some(self.namespace.clone()),
-                ..ObjectMeta::default()
+        let name = self.event_name(regarding.uid.as_deref().unwrap_or_default());
+        warning_event(
+            WarningEvent {
+                name,
+                reason: WORKER_LOST,
+                action: "Run",
+                note: self.note(),
             },
-            action: Some("Run".into()),
-            reason: Some(WORKER_LOST.into()),
-            type_: Some("Warning".into()),
-            note: Some(self.note()),
-            regarding: Some(regarding),
-            related: Some(pod),
-            event_time: Some(MicroTime(now)),
-            reporting_controller: Some(controller.into()),
-            reporting_instance: Some(instance.into()),
-            ..Event::default()
-        }
+            regarding,
+            pod_reference(&self.namespace, &self.pod, &self.pod_uid),
+            (controller, instance),
+            now,
+        )
     }
 }
 
@@ -372,20 +361,6 @@ impl JobSetProgress {
             && !finished
             && attempt(pod) == Some(self.status.restarts.unwrap_or(0))
     }
-}
-
-const CUT: &str = "…";
-
-/// `text` cut to at most `max` bytes at a character boundary, with `…` where it was cut.
-fn bounded(text: String, max: usize) -> String {
-    if text.len() <= max {
-        return text;
-    }
-    let mut end = max.saturating_sub(CUT.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{CUT}", &text[..end])
 }
 
 #[cfg(test)]

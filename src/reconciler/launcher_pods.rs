@@ -547,11 +547,11 @@ mod tests {
     }
 
     /// Ends the handler and returns its count; no request may be left.
-    async fn finish(
+    async fn finish<T>(
         events: PodEvents,
         mut handle: Handle,
-        task: tokio::task::JoinHandle<(u64, u64)>,
-    ) -> (u64, u64) {
+        task: tokio::task::JoinHandle<T>,
+    ) -> T {
         drop(events);
         let counted = tokio::time::timeout(TIMEOUT, task)
             .await
@@ -771,6 +771,14 @@ mod tests {
         .expect("Pod")
     }
 
+    /// Sends worker `uid` of JobSet `pi`, deleted.
+    fn lose(events: &PodEvents, uid: &str) {
+        send(
+            events,
+            watcher::Event::Apply(deleted_worker("pi", "node", uid)),
+        );
+    }
+
     /// Answers the next request, which must be a GET of JobSet `pi`, with `status` and `body`.
     async fn jobset_read(handle: &mut Handle, status: u16, body: Value) {
         let (request, reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
@@ -801,38 +809,13 @@ mod tests {
         (tx, handle, task)
     }
 
-    /// Ends the handler and returns its count; no request may be left.
-    async fn finish_workers(
-        events: PodEvents,
-        mut handle: Handle,
-        task: tokio::task::JoinHandle<u64>,
-    ) -> u64 {
-        drop(events);
-        let counted = tokio::time::timeout(TIMEOUT, task)
-            .await
-            .expect("the handler ends with its stream")
-            .expect("no panic");
-        let left = tokio::time::timeout(TIMEOUT, handle.next_request())
-            .await
-            .expect("the client is dropped");
-        assert!(
-            left.is_none(),
-            "an unexpected request: {:?}",
-            left.map(|r| r.0.uri().clone())
-        );
-        counted
-    }
-
     /// A worker deleted while its JobSet runs its attempt: the JobSet is read once, then one
     /// `WorkerLost` Event for the attempt; the same Pod again asks nothing, and a second worker
     /// of the attempt finds the Event made (409) and counts nothing.
     #[tokio::test]
     async fn a_lost_worker_is_one_event_per_attempt_after_a_fresh_read_of_its_jobset() {
         let (events, mut handle, task) = worker_pods();
-        send(
-            &events,
-            watcher::Event::Apply(deleted_worker("pi", "node", "w-1")),
-        );
+        lose(&events, "w-1");
         jobset_read(
             &mut handle,
             200,
@@ -847,14 +830,8 @@ mod tests {
                     .to_string()
             )
         );
-        send(
-            &events,
-            watcher::Event::Apply(deleted_worker("pi", "node", "w-1")),
-        );
-        send(
-            &events,
-            watcher::Event::Apply(deleted_worker("pi", "node", "w-2")),
-        );
+        lose(&events, "w-1");
+        lose(&events, "w-2");
         jobset_read(&mut handle, 200, json!({"metadata": {"name": "pi"}})).await;
         assert_eq!(
             created(&mut handle, 409, WORKER_LOST, &jobset_ref())
@@ -862,11 +839,8 @@ mod tests {
                 .0,
             "js-1.worker-lost-0"
         );
-        send(
-            &events,
-            watcher::Event::Apply(deleted_worker("pi", "node", "w-2")),
-        );
-        assert_eq!(finish_workers(events, handle, task).await, 1);
+        lose(&events, "w-2");
+        assert_eq!(finish(events, handle, task).await, 1);
     }
 
     /// Workers JobSet ends itself (a restart, the JobSet gone), workers of a JobSet not ours,
@@ -874,10 +848,7 @@ mod tests {
     #[tokio::test]
     async fn workers_jobset_ends_itself_or_not_ours_are_not_lost() {
         let (events, mut handle, task) = worker_pods();
-        send(
-            &events,
-            watcher::Event::Apply(deleted_worker("pi", "node", "w-1")),
-        );
+        lose(&events, "w-1");
         jobset_read(
             &mut handle,
             200,
@@ -885,14 +856,8 @@ mod tests {
         )
         .await;
         // Decided: not asked again.
-        send(
-            &events,
-            watcher::Event::Apply(deleted_worker("pi", "node", "w-1")),
-        );
-        send(
-            &events,
-            watcher::Event::Apply(deleted_worker("pi", "node", "w-2")),
-        );
+        lose(&events, "w-1");
+        lose(&events, "w-2");
         let gone = json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": 404,
                           "reason": "NotFound", "message": "jobsets \"pi\" not found"});
         jobset_read(&mut handle, 404, gone).await;
@@ -907,7 +872,7 @@ mod tests {
         let mut running = deleted_worker("pi", "node", "w-5");
         running.metadata.deletion_timestamp = None;
         send(&events, watcher::Event::Apply(running));
-        assert_eq!(finish_workers(events, handle, task).await, 0);
+        assert_eq!(finish(events, handle, task).await, 0);
     }
 
     /// The watch starts only once the JobSet cache is listed, and selects every JobSet's Pods.

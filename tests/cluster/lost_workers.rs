@@ -190,25 +190,57 @@ async fn delete(cluster: &Cluster, jobset: &Value) {
         .await;
 }
 
-#[tokio::test]
-async fn a_deleted_worker_restarts_the_jobset_which_completes_with_its_secret() {
+/// A JobSet with `failurePolicy` in a namespace `prefix-N` whose last worker `lose` ends mid-run:
+/// a `WorkerLost` Event naming it and `cause`, then the restart and completion.
+async fn lost_and_restarted(prefix: &str, cause: &str, lose: impl AsyncFnOnce(&Cluster, &Pod)) {
     let Some(cluster) = cluster::shared().await else {
         return;
     };
-    let ns = cluster.plane.namespace("lost-deleted").await;
+    let ns = cluster.plane.namespace(prefix).await;
     let jobset = long_first_attempt(&ns, Some(2));
     let name = name_of(&jobset);
     let workers = running(cluster, &jobset).await;
     let secret = secret_version(cluster, &ns, &name).await;
     let lost = workers.last().expect("a worker");
     let lost_name = lost.metadata.name.clone().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(cluster.admin(), &ns);
     let lost_at = Instant::now();
-    pods.delete(&lost_name, &DeleteParams::default())
-        .await
-        .expect("delete the worker");
-    worker_lost(cluster, &ns, &name, &lost_name, "was deleted").await;
+    lose(cluster, lost).await;
+    worker_lost(cluster, &ns, &name, &lost_name, cause).await;
     restarts_and_completes(cluster, &jobset, lost_at, secret).await;
+}
+
+#[tokio::test]
+async fn a_deleted_worker_restarts_the_jobset_which_completes_with_its_secret() {
+    lost_and_restarted("lost-deleted", "was deleted", async |cluster, worker| {
+        let ns = worker.metadata.namespace.as_deref().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(cluster.admin(), ns);
+        let name = worker.metadata.name.as_deref().unwrap_or_default();
+        pods.delete(name, &DeleteParams::default())
+            .await
+            .expect("delete the worker");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_worker_whose_container_is_killed_restarts_the_jobset() {
+    lost_and_restarted(
+        "lost-killed",
+        "node exited with code 137",
+        async |cluster, worker| {
+            let container_id = worker
+                .status
+                .as_ref()
+                .and_then(|s| s.container_statuses.as_ref())
+                .and_then(|c| c.iter().find(|c| c.name == "node"))
+                .and_then(|c| c.container_id.clone())
+                .expect("the worker's container ID");
+            cluster
+                .kill_container(&container_id)
+                .unwrap_or_else(|e| panic!("{e}"));
+        },
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -250,33 +282,6 @@ async fn an_evicted_worker_fails_a_jobset_without_failure_policy_and_says_so() {
     let (_, completed, _) = jobset_state(cluster, &ns, &name).await;
     assert!(!completed, "a JobSet that lost a worker never completes");
     delete(cluster, &jobset).await;
-}
-
-#[tokio::test]
-async fn a_worker_whose_container_is_killed_restarts_the_jobset() {
-    let Some(cluster) = cluster::shared().await else {
-        return;
-    };
-    let ns = cluster.plane.namespace("lost-killed").await;
-    let jobset = long_first_attempt(&ns, Some(2));
-    let name = name_of(&jobset);
-    let workers = running(cluster, &jobset).await;
-    let secret = secret_version(cluster, &ns, &name).await;
-    let lost = workers.last().expect("a worker");
-    let lost_name = lost.metadata.name.clone().unwrap_or_default();
-    let container_id = lost
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .and_then(|c| c.iter().find(|c| c.name == "node"))
-        .and_then(|c| c.container_id.clone())
-        .expect("the worker's container ID");
-    let lost_at = Instant::now();
-    cluster
-        .kill_container(&container_id)
-        .unwrap_or_else(|e| panic!("{e}"));
-    worker_lost(cluster, &ns, &name, &lost_name, "node exited with code 137").await;
-    restarts_and_completes(cluster, &jobset, lost_at, secret).await;
 }
 
 /// TrainJob mode keeps Trainer's worker command (`sshd -De`, which exits 0 on SIGTERM) and Job
