@@ -38,12 +38,10 @@ const NODE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long the JobSet controller and the webhooks may take to answer.
 const COMPONENT_TIMEOUT: Duration = Duration::from_secs(120);
 /// The node binaries that must sit beside the control plane's in `KUBEBUILDER_ASSETS`.
-const NODE_BINARIES: [&str; 4] = [
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubelet",
-    "jobset-controller",
-];
+const NODE_BINARIES: [&str; 3] = ["kube-controller-manager", "kube-scheduler", "kubelet"];
+/// Where `scripts/install-neighbours.sh` puts the controllers it builds from their Go modules,
+/// each in a folder of its own with the YAML its release ships.
+const NEIGHBOURS: &str = "target/neighbours";
 /// The JobSet webhooks as upstream generates them, and the pod webhooks' objectSelector
 /// (upstream's kustomize patches).
 const JOBSET_WEBHOOKS: &str =
@@ -122,6 +120,13 @@ fn missing_prerequisites() -> Vec<String> {
                     missing.push(format!("no {binary} in {}", dir.display()));
                 }
             }
+            if jobset_controller(&dir).is_none() {
+                missing.push(format!(
+                    "no jobset-controller in {} (scripts/install-neighbours.sh builds it) nor in {}",
+                    neighbour("jobset").display(),
+                    dir.display()
+                ));
+            }
         }
         Ok(Assets::Absent) => missing.push("KUBEBUILDER_ASSETS is unset".into()),
         Err(e) => missing.push(e),
@@ -138,6 +143,22 @@ fn missing_prerequisites() -> Vec<String> {
         ));
     }
     missing
+}
+
+/// The folder of neighbour `name` under [`NEIGHBOURS`].
+pub fn neighbour(name: &str) -> PathBuf {
+    repo().join(NEIGHBOURS).join(name)
+}
+
+/// The JobSet controller: the one built from its Go module (`scripts/install-neighbours.sh`),
+/// else the team's copy beside the control plane's binaries (`scripts/install-envtest.sh`).
+fn jobset_controller(assets: &Path) -> Option<PathBuf> {
+    [
+        neighbour("jobset").join("jobset-controller"),
+        assets.join("jobset-controller"),
+    ]
+    .into_iter()
+    .find(|path| path.is_file())
 }
 
 fn on_path(command: &str) -> bool {
@@ -332,9 +353,11 @@ impl Cluster {
             dir.canonicalize().map_err(|e| e.to_string())?.display()
         );
         std::fs::write(dir.join("config.yaml"), config).map_err(|e| e.to_string())?;
+        let controller = jobset_controller(assets).ok_or("no jobset-controller")?;
+        eprintln!("cluster: JobSet controller {}", controller.display());
         self.spawn(
             "jobset-controller",
-            &assets.join("jobset-controller"),
+            &controller,
             &[
                 format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--config={}", dir.join("config.yaml").display()),
