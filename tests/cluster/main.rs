@@ -14,6 +14,7 @@ mod cluster;
 #[path = "../envtest/control_plane.rs"]
 mod control_plane;
 mod failures;
+mod jobs;
 #[path = "../support/prerequisites.rs"]
 mod prerequisites;
 #[path = "../support/prometheus.rs"]
