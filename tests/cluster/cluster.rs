@@ -379,7 +379,7 @@ impl Cluster {
 
         let url = format!("https://127.0.0.1:{webhook_port}");
         self.register_webhooks(
-            JOBSET_WEBHOOKS,
+            documents(JOBSET_WEBHOOKS),
             "jobset-",
             &url,
             &certs.ca_bundle(),
@@ -395,19 +395,19 @@ impl Cluster {
         Ok(())
     }
 
-    /// Applies the webhook configurations of the repository file `path` (names prefixed with
-    /// `prefix`), each webhook pointed at `url` plus its shipped path and trusting `ca_bundle`,
-    /// then edited by `edit` (given the path).
-    async fn register_webhooks(
+    /// Applies the webhook `configurations` (names prefixed with `prefix`), each webhook pointed
+    /// at `url` plus its shipped path and trusting `ca_bundle`, then edited by `edit` (given the
+    /// path).
+    pub async fn register_webhooks(
         &self,
-        path: &str,
+        configurations: Vec<Value>,
         prefix: &str,
         url: &str,
         ca_bundle: &str,
         edit: impl Fn(&mut Value, &str),
     ) {
         let admin = self.admin();
-        for mut configuration in documents(path) {
+        for mut configuration in configurations {
             for webhook in configuration["webhooks"]
                 .as_array_mut()
                 .into_iter()
@@ -476,7 +476,7 @@ impl Cluster {
 
         let url = format!("https://127.0.0.1:{port}");
         self.register_webhooks(
-            "manifests/base/webhooks.yaml",
+            documents("manifests/base/webhooks.yaml"),
             "",
             &url,
             &certs.ca_bundle(),
