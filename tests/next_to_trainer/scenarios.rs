@@ -18,6 +18,14 @@ use crate::trainer;
 
 /// The sample on Trainer's own MPI runtime, `deepspeed-distributed`.
 const DEEPSPEED: &str = "manifests/samples/trainjob-pi-deepspeed.yaml";
+/// Trainer's Open MPI variable for the hostfile and the four PRTE ones mpi-webhook adds.
+const OPEN_MPI_ENV: [&str; 5] = [
+    "OMPI_MCA_orte_default_hostfile",
+    "PRTE_MCA_prte_default_hostfile",
+    "PRTE_MCA_prte_keep_fqdn_hostnames",
+    "PRTE_MCA_prte_set_default_slots",
+    "PRTE_MCA_plm_ssh_args",
+];
 const TRAINJOB: (&str, &str) = ("trainer.kubeflow.org/v1alpha1", "TrainJob");
 static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
 
@@ -142,6 +150,32 @@ async fn completes_with_a_rank_on_every_host(
         (Some("TrainJob"), Some(name)),
         "the JobSet's owner"
     );
+    // Trainer's Open MPI variables and the four PRTE ones our webhook adds (Open MPI 5 needs
+    // them), each once on the launcher's container, after every apply of Trainer's.
+    let jobs = jobset["spec"]["replicatedJobs"].as_array().into_iter();
+    for job in jobs.flatten().filter(|job| job["name"] == "launcher") {
+        for container in job["template"]["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let env: Vec<&str> = container["env"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e["name"].as_str())
+                .collect();
+            for wanted in OPEN_MPI_ENV {
+                assert_eq!(
+                    env.iter().filter(|n| **n == wanted).count(),
+                    1,
+                    "{wanted} once in {}/{}: {env:?}",
+                    job["name"],
+                    container["name"]
+                );
+            }
+        }
+    }
 
     let log = launcher_log(&client, ns, name, "node").await;
     let launchers = pods_of(&client, ns, name, "launcher").await;
