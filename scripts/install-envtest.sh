@@ -11,8 +11,9 @@
 # 4. the envtest release archive of the pinned version, what `setup-envtest use 1.36.x` downloads
 #    (etcd, kube-apiserver, kubectl; checked against the sha512 of controller-tools' index), and
 #    kube-controller-manager, kube-scheduler and kubelet of the same version from dl.k8s.io (each
-#    checked against its published .sha256). The JobSet controller has no binary release: the
-#    cluster suite says so (build it from sigs.k8s.io/jobset's cmd/, or SKIP_TEST_SUITES=cluster);
+#    checked against its published .sha256). The JobSet controller has no binary release:
+#    scripts/install-neighbours.sh builds it from its Go module (the team's copy, unpacked in 2.,
+#    is the fallback);
 # else it stops with what to do. Mirrors: ENVTEST_INDEX_URL, KUBERNETES_RELEASE_URL. ENVTEST_DIR
 # (default target/envtest) and TEAM_ENVTEST (the team's copy) are for its own test
 # (tests/install_envtest.rs).

@@ -38,12 +38,10 @@ const NODE_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long the JobSet controller and the webhooks may take to answer.
 const COMPONENT_TIMEOUT: Duration = Duration::from_secs(120);
 /// The node binaries that must sit beside the control plane's in `KUBEBUILDER_ASSETS`.
-const NODE_BINARIES: [&str; 4] = [
-    "kube-controller-manager",
-    "kube-scheduler",
-    "kubelet",
-    "jobset-controller",
-];
+const NODE_BINARIES: [&str; 3] = ["kube-controller-manager", "kube-scheduler", "kubelet"];
+/// Where `scripts/install-neighbours.sh` puts the controllers it builds from their Go modules,
+/// each in a folder of its own with the YAML its release ships.
+const NEIGHBOURS: &str = "target/neighbours";
 /// The JobSet webhooks as upstream generates them, and the pod webhooks' objectSelector
 /// (upstream's kustomize patches).
 const JOBSET_WEBHOOKS: &str =
@@ -124,6 +122,13 @@ fn missing_prerequisites() -> Vec<String> {
                     missing.push(format!("no {binary} in {}", dir.display()));
                 }
             }
+            if jobset_controller(&dir).is_none() {
+                missing.push(format!(
+                    "no jobset-controller in {} (scripts/install-neighbours.sh builds it) nor in {}",
+                    neighbour("jobset").display(),
+                    dir.display()
+                ));
+            }
         }
         Ok(Assets::Absent) => missing.push("KUBEBUILDER_ASSETS is unset".into()),
         Err(e) => missing.push(e),
@@ -140,6 +145,22 @@ fn missing_prerequisites() -> Vec<String> {
         ));
     }
     missing
+}
+
+/// The folder of neighbour `name` under [`NEIGHBOURS`].
+pub fn neighbour(name: &str) -> PathBuf {
+    repo().join(NEIGHBOURS).join(name)
+}
+
+/// The JobSet controller: the one built from its Go module (`scripts/install-neighbours.sh`),
+/// else the team's copy beside the control plane's binaries (`scripts/install-envtest.sh`).
+fn jobset_controller(assets: &Path) -> Option<PathBuf> {
+    [
+        neighbour("jobset").join("jobset-controller"),
+        assets.join("jobset-controller"),
+    ]
+    .into_iter()
+    .find(|path| path.is_file())
 }
 
 fn on_path(command: &str) -> bool {
@@ -359,9 +380,11 @@ impl Cluster {
             dir.canonicalize().map_err(|e| e.to_string())?.display()
         );
         std::fs::write(dir.join("config.yaml"), config).map_err(|e| e.to_string())?;
+        let controller = jobset_controller(assets).ok_or("no jobset-controller")?;
+        eprintln!("cluster: JobSet controller {}", controller.display());
         self.spawn(
             "jobset-controller",
-            &assets.join("jobset-controller"),
+            &controller,
             &[
                 format!("--kubeconfig={}", kubeconfig.display()),
                 format!("--config={}", dir.join("config.yaml").display()),
@@ -383,7 +406,7 @@ impl Cluster {
 
         let url = format!("https://127.0.0.1:{webhook_port}");
         self.register_webhooks(
-            JOBSET_WEBHOOKS,
+            documents(JOBSET_WEBHOOKS),
             "jobset-",
             &url,
             &certs.ca_bundle(),
@@ -399,19 +422,19 @@ impl Cluster {
         Ok(())
     }
 
-    /// Applies the webhook configurations of the repository file `path` (names prefixed with
-    /// `prefix`), each webhook pointed at `url` plus its shipped path and trusting `ca_bundle`,
-    /// then edited by `edit` (given the path).
-    async fn register_webhooks(
+    /// Applies the webhook `configurations` (names prefixed with `prefix`), each webhook pointed
+    /// at `url` plus its shipped path and trusting `ca_bundle`, then edited by `edit` (given the
+    /// path).
+    pub async fn register_webhooks(
         &self,
-        path: &str,
+        configurations: Vec<Value>,
         prefix: &str,
         url: &str,
         ca_bundle: &str,
         edit: impl Fn(&mut Value, &str),
     ) {
         let admin = self.admin();
-        for mut configuration in documents(path) {
+        for mut configuration in configurations {
             for webhook in configuration["webhooks"]
                 .as_array_mut()
                 .into_iter()
@@ -480,7 +503,7 @@ impl Cluster {
 
         let url = format!("https://127.0.0.1:{port}");
         self.register_webhooks(
-            "manifests/base/webhooks.yaml",
+            documents("manifests/base/webhooks.yaml"),
             "",
             &url,
             &certs.ca_bundle(),

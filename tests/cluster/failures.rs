@@ -9,7 +9,8 @@ use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{self, Cluster};
-use crate::scenarios::{containers, name_of, sample, trainjob_and_its_jobset, until};
+use crate::jobs::{containers, name_of, sample, until};
+use crate::scenarios::trainjob_and_its_jobset;
 use crate::support::{api_for, create, events};
 
 /// How long until the launcher's first run failed and the reconciler said so.

@@ -13,9 +13,8 @@ use kube::api::{Api, DeleteParams, EvictParams, LogParams};
 use serde_json::{Value, json};
 
 use crate::cluster::{self, Cluster};
-use crate::scenarios::{
-    containers, finished, name_of, pods_of, sample, trainjob_and_its_jobset, until,
-};
+use crate::jobs::{containers, finished, name_of, pods_of, sample, until};
+use crate::scenarios::trainjob_and_its_jobset;
 use crate::support::{api_for, create, events, get};
 
 /// How long the first attempt's ranks may take to start on both workers.

@@ -14,6 +14,7 @@ mod cluster;
 #[path = "../envtest/control_plane.rs"]
 mod control_plane;
 mod failures;
+mod jobs;
 mod lost_workers;
 #[path = "../support/prerequisites.rs"]
 mod prerequisites;
