@@ -1,7 +1,7 @@
 //! The docs cannot drift from the code: `cargo test --test docs` (no network, no cluster; the
 //! binary is only asked for its `--help`).
 //!
-//! In README.md and every `docs/*.md`:
+//! In README.md, CHANGELOG.md and every `docs/*.md`:
 //! - an invocation in code (an inline span or a fenced block) is `mpi-webhook SUB ...`,
 //!   `.../mpi-webhook SUB ...` or `cargo run ... -- SUB ...`: SUB must be a subcommand of
 //!   `mpi-webhook --help`, and every `--flag` after it (to the end of the command: `|`, `;`,
@@ -14,7 +14,10 @@
 //!   path: it must exist (a `*` matches within one segment; what a command generates, such as
 //!   `certs/ca.crt`, is not checked);
 //! - a relative link must point to a file that exists, and its `#anchor` to a heading there;
-//! - every `mpi-webhook.io/KEY` must be a key the code declares (a `const` in `src/`).
+//! - every `mpi-webhook.io/KEY` must be a key the code declares (a `const` in `src/`);
+//! - no issue of ours is named (`issue 47`, `issues 46 and 47`, a bare `#47`): a user cannot look
+//!   it up, and what changed when is CHANGELOG.md's to describe; an upstream issue is named with
+//!   its project, `owner/repo#N` (`kubeflow/trainer#4028`).
 //!
 //! In the code (every `.rs` file under `src/`, `tests/`, `benches/` and `fuzz/`), every citation
 //! in a comment ("spec section C", "D.1", "spec C step 2", "Decision 16", "Decisions 4, 6 and
@@ -38,11 +41,12 @@ fn read(path: &Path) -> String {
         .unwrap_or_else(|e| panic!("{}: cannot be read: {e}", path.display()))
 }
 
-/// README.md and the pages under docs/, by repository path, with their text.
+/// README.md, CHANGELOG.md and the pages under docs/, by repository path, with their text.
 fn docs() -> Vec<(String, String)> {
     let is_page = |p: &Path| p.extension().is_some_and(|e| e == "md");
-    let readme = ("README.md".to_owned(), read(&repo().join("README.md")));
-    std::iter::once(readme)
+    ["README.md", "CHANGELOG.md"]
+        .map(|top| (top.to_owned(), read(&repo().join(top))))
+        .into_iter()
         .chain(sources(&["docs"], &is_page))
         .collect()
 }
@@ -553,6 +557,83 @@ fn check_keys(doc: &str, text: &str, known: &BTreeSet<String>) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Issue numbers
+
+/// Whether `word` is `owner/repo`, the project an upstream issue number belongs to.
+fn is_owner_repo(word: &str) -> bool {
+    let part = |p: &str| {
+        !p.is_empty()
+            && p.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    word.split_once('/')
+        .is_some_and(|(owner, repo)| part(owner) && part(repo))
+}
+
+/// The issues of ours a doc names: `issue N` or `issues N` (any case, `#` allowed before N) and
+/// a `#N` not preceded by `owner/repo`. A `#1-...` anchor is no issue.
+fn check_issue_numbers(doc: &str, text: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    for (index, raw) in text.lines().enumerate() {
+        let lower = raw.to_ascii_lowercase();
+        let bytes = lower.as_bytes();
+        let digits_at = |at: usize| {
+            let len = bytes[at..]
+                .iter()
+                .take_while(|b| b.is_ascii_digit())
+                .count();
+            let next = bytes.get(at + len).copied().unwrap_or(b' ');
+            (len > 0 && !next.is_ascii_alphanumeric() && next != b'-' && next != b'_')
+                .then_some(at + len)
+        };
+        let mut found = Vec::new();
+        for (at, _) in lower.match_indices("issue") {
+            if at > 0 && bytes[at - 1].is_ascii_alphanumeric() {
+                continue;
+            }
+            let mut k = at + "issue".len();
+            k += usize::from(bytes.get(k) == Some(&b's'));
+            let spaces = bytes[k..]
+                .iter()
+                .take_while(|b| matches!(b, b' ' | b'\t'))
+                .count();
+            if spaces == 0 {
+                continue;
+            }
+            k += spaces;
+            k += usize::from(bytes.get(k) == Some(&b'#'));
+            if let Some(end) = digits_at(k) {
+                found.push((at, end));
+            }
+        }
+        for (at, _) in lower.match_indices('#') {
+            let Some(end) = digits_at(at + 1) else {
+                continue;
+            };
+            let word = lower[..at]
+                .rsplit(|c: char| {
+                    !(c.is_ascii_alphanumeric() || matches!(c, '/' | '-' | '_' | '.'))
+                })
+                .next()
+                .unwrap_or("");
+            if !is_owner_repo(word) && !found.iter().any(|(from, to)| (*from..*to).contains(&at)) {
+                found.push((at, end));
+            }
+        }
+        found.sort_unstable();
+        for (from, to) in found {
+            problems.push(format!(
+                "{doc}:{}: `{}` names an issue of ours: say what changed (CHANGELOG.md), or name an \
+                 upstream issue as `owner/repo#N`",
+                index + 1,
+                &raw[from..to]
+            ));
+        }
+    }
+    problems
+}
+
+// ---------------------------------------------------------------------------------------------
 // Citations in the code
 
 /// A word of a comment, with the line it is on.
@@ -849,6 +930,15 @@ fn every_mpi_webhook_io_key_the_docs_name_is_declared_in_the_code() {
 }
 
 #[test]
+fn no_user_doc_names_an_issue_of_ours() {
+    let problems = docs()
+        .iter()
+        .flat_map(|(doc, text)| check_issue_numbers(doc, text))
+        .collect();
+    fail_on("the docs name issues of ours", problems);
+}
+
+#[test]
 fn every_citation_in_a_code_comment_resolves_to_a_heading_of_behaviour_md() {
     let headings = headings(&read(&repo().join("docs/behaviour.md")));
     let files = sources(&["src", "tests", "benches", "fuzz"], &is_rust);
@@ -1107,6 +1197,34 @@ msg = \"(README \\\"JobSet mode\\\")\"
         [
             "src/x.rs:2: refers to README.md \"In a cluster\", which is no heading there",
             "src/x.rs:4: refers to docs/gone.md, which does not exist",
+        ]
+    );
+}
+
+#[test]
+fn a_doc_naming_an_issue_of_ours_fails_with_its_line() {
+    let text = "\
+# Changelog
+
+Upstream: kubeflow/trainer#4028, open-mpi/ompi#13358 and kube-rs/kube#1590 are fine.
+A [link](#1-install) to a heading, `#[derive]`, issue tracking and issues: fine.
+The cut of issue 47 (Issue 46, ISSUES 45).
+See #47; before issue #12, (#3954; Decision 15) and kube-rs#1590.
+kubeflow/trainer #3783, trainer#1, issue12 and issue\t9.
+";
+    assert_eq!(
+        check_issue_numbers("CHANGELOG.md", text),
+        [
+            "CHANGELOG.md:5: `issue 47` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:5: `Issue 46` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:5: `ISSUES 45` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:6: `#47` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:6: `issue #12` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:6: `#3954` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:6: `#1590` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:7: `#3783` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:7: `#1` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
+            "CHANGELOG.md:7: `issue\t9` names an issue of ours: say what changed (CHANGELOG.md), or name an upstream issue as `owner/repo#N`",
         ]
     );
 }
