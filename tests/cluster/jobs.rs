@@ -40,12 +40,14 @@ pub fn sample(path: &str, ns: &str) -> Value {
     jobset
 }
 
-pub fn for_each_container(jobset: &mut Value, mut f: impl FnMut(&mut Value)) {
-    for job in jobset["spec"]["replicatedJobs"]
-        .as_array_mut()
-        .into_iter()
-        .flatten()
-    {
+pub fn for_each_container(jobset: &mut Value, f: impl FnMut(&mut Value)) {
+    for_each_container_of(&mut jobset["spec"]["replicatedJobs"], f);
+}
+
+/// Calls `f` on every container of the replicatedJobs `rjobs` (a JobSet's, or a runtime's
+/// JobSet template's).
+pub fn for_each_container_of(rjobs: &mut Value, mut f: impl FnMut(&mut Value)) {
+    for job in rjobs.as_array_mut().into_iter().flatten() {
         for container in job["template"]["spec"]["template"]["spec"]["containers"]
             .as_array_mut()
             .into_iter()

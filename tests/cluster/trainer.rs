@@ -268,18 +268,9 @@ async fn start(cluster: &Cluster, version: &str) -> Result<Running, String> {
 /// Every container of a runtime's or TrainJob's JobSet template in [`TRAINER_IMAGE`], never
 /// pulled: the commands stay the release's own.
 pub fn offline_image(object: &mut Value) {
-    for job in object["spec"]["template"]["spec"]["replicatedJobs"]
-        .as_array_mut()
-        .into_iter()
-        .flatten()
-    {
-        for container in job["template"]["spec"]["template"]["spec"]["containers"]
-            .as_array_mut()
-            .into_iter()
-            .flatten()
-        {
-            container["image"] = json!(TRAINER_IMAGE);
-            container["imagePullPolicy"] = json!("Never");
-        }
-    }
+    let rjobs = &mut object["spec"]["template"]["spec"]["replicatedJobs"];
+    crate::jobs::for_each_container_of(rjobs, |container| {
+        container["image"] = json!(TRAINER_IMAGE);
+        container["imagePullPolicy"] = json!("Never");
+    });
 }

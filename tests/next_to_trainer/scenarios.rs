@@ -29,6 +29,21 @@ const OPEN_MPI_ENV: [&str; 5] = [
 const TRAINJOB: (&str, &str) = ("trainer.kubeflow.org/v1alpha1", "TrainJob");
 static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
 
+/// Whether Trainer `version` is not built here: then the scenario is skipped when the cluster
+/// suite is opted out of, and fails saying so otherwise.
+fn trainer_missing(version: &str) -> bool {
+    let Some(missing) = trainer::missing(version) else {
+        return false;
+    };
+    crate::prerequisites::skip_or_fail(
+        "cluster",
+        &missing,
+        "scripts/install-test-deps.sh builds it",
+        &SKIP_NOTICE,
+    );
+    true
+}
+
 /// The cluster with Trainer `version` running, for the scenario's lifetime; `None` when the
 /// cluster suite is opted out of.
 async fn cluster_with(
@@ -38,13 +53,7 @@ async fn cluster_with(
     tokio::sync::RwLockReadGuard<'static, Option<trainer::Running>>,
 )> {
     let cluster = cluster::shared().await?;
-    if let Some(missing) = trainer::missing(version) {
-        crate::prerequisites::skip_or_fail(
-            "cluster",
-            &missing,
-            "scripts/install-test-deps.sh builds it",
-            &SKIP_NOTICE,
-        );
+    if trainer_missing(version) {
         return None;
     }
     let running = trainer::running(cluster, version)
@@ -301,13 +310,7 @@ async fn suspended_across_a_replaced_trainer(from: &str, to: &str, prefix: &str)
         return;
     };
     for version in [from, to] {
-        if let Some(missing) = trainer::missing(version) {
-            crate::prerequisites::skip_or_fail(
-                "cluster",
-                &missing,
-                "scripts/install-test-deps.sh builds it",
-                &SKIP_NOTICE,
-            );
+        if trainer_missing(version) {
             return;
         }
     }
