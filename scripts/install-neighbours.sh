@@ -6,7 +6,7 @@
 #   name          module                          package
 #   trainer-v2.3  github.com/kubeflow/trainer/v2  cmd/trainer-controller-manager
 #   jobset        sigs.k8s.io/jobset              the module's root (its main.go is the manager)
-#   kueue         sigs.k8s.io/kueue               cmd/kueue (only when NEIGHBOURS names it)
+#   kueue         sigs.k8s.io/kueue               cmd/kueue
 #
 # Each goes to target/neighbours/<name>/: the binary, plus the YAML its release ships that the
 # tests apply (CRDs, RBAC, webhook configurations, runtimes), copied from the module's directory
@@ -81,11 +81,6 @@ build trainer-v2.3 github.com/kubeflow/trainer/v2/cmd/trainer-controller-manager
   manifests/base/manager
 build jobset sigs.k8s.io/jobset jobset-controller \
   config/components/crd config/components/rbac config/components/webhook
-# Kueue: pinned and buildable, but built only when NEIGHBOURS names it, until a scenario runs it
-# (docs/development.md "The neighbours, built from their Go modules"): a cold build is some 10
-# CPU minutes of CI's budget for nothing.
-if [[ ",$only," == *",kueue,"* ]]; then
-  build kueue sigs.k8s.io/kueue/cmd/kueue kueue \
-    config/components/crd config/components/rbac config/components/webhook \
-    config/components/manager
-fi
+build kueue sigs.k8s.io/kueue/cmd/kueue kueue \
+  config/components/crd config/components/rbac config/components/webhook \
+  config/components/manager

@@ -18,6 +18,7 @@
 #![allow(dead_code)]
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::Mutex;
@@ -96,6 +97,16 @@ pub const TRAINER: User = User {
     ],
 };
 
+/// Kueue's controller manager (`tests/cluster/kueue.rs`), bound the release's roles.
+pub const KUEUE: User = User {
+    token: "envtest-kueue-token",
+    name: "system:serviceaccount:kueue-system:kueue-controller-manager",
+    groups: &[
+        "system:serviceaccounts",
+        "system:serviceaccounts:kueue-system",
+    ],
+};
+
 /// A user for tests that bind it a role of their own (e.g. the shipped one minus a rule).
 pub const RESTRICTED: User = User {
     token: "envtest-restricted-token",
@@ -104,7 +115,7 @@ pub const RESTRICTED: User = User {
 };
 
 /// Every user of the token file.
-pub const USERS: [User; 5] = [ADMIN, RECONCILER, NOBODY, TRAINER, RESTRICTED];
+pub const USERS: [User; 6] = [ADMIN, RECONCILER, NOBODY, TRAINER, KUEUE, RESTRICTED];
 
 /// Where the assets are, or why there are none.
 #[derive(Debug)]
@@ -139,6 +150,70 @@ pub fn assets() -> Result<Assets, String> {
         return Ok(Assets::Found(local));
     }
     Ok(Assets::Absent)
+}
+
+/// The version a Kubernetes binary built without a version stamp reports (the default of
+/// `k8s.io/component-base/version`): the team's kube-apiserver says it. Clients that parse the
+/// server's version refuse it (Kueue stops at start: "could not parse pre-release/metadata").
+const UNSTAMPED_VERSION: &[u8] = b"v0.0.0-master+$Format:%H$";
+
+/// `assets`' kube-apiserver; when it reports [`UNSTAMPED_VERSION`], a copy in
+/// `target/envtest-stamped/` with the version stamped in as a release build's `-ldflags -X` does:
+/// the version the kubelet beside it reports (the same tree, stamped), plus build metadata that
+/// pads it to the same length. Made once per source binary.
+///
+/// # Errors
+/// When the copy cannot be written.
+fn stamped_apiserver(assets: &Path) -> Result<PathBuf, String> {
+    let binary = assets.join("kube-apiserver");
+    let version_of = |program: &Path| {
+        Command::new(program)
+            .arg("--version")
+            .output()
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let unstamped = String::from_utf8_lossy(UNSTAMPED_VERSION);
+    if !version_of(&binary).is_some_and(|v| v.ends_with(&*unstamped)) {
+        return Ok(binary);
+    }
+    // "Kubernetes v1.36.2" from the kubelet; without one the binary is used as it is.
+    let Some(version) = version_of(&assets.join("kubelet"))
+        .and_then(|v| v.strip_prefix("Kubernetes ").map(str::to_owned))
+        .filter(|v| {
+            v.starts_with('v') && !v.contains('+') && v.len() + 2 <= UNSTAMPED_VERSION.len()
+        })
+    else {
+        return Ok(binary);
+    };
+    let stamp = format!(
+        "{version}+{:0<1$}",
+        "",
+        UNSTAMPED_VERSION.len() - version.len() - 1
+    );
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/envtest-stamped");
+    let stamped = dir.join("kube-apiserver");
+    let io = |e: std::io::Error| format!("{}: {e}", stamped.display());
+    let source = std::fs::metadata(&binary).map_err(io)?;
+    let current = std::fs::metadata(&stamped)
+        .and_then(|m| Ok(m.modified()? >= source.modified()? && m.len() == source.len()))
+        .unwrap_or(false);
+    if !current {
+        let mut bytes = std::fs::read(&binary).map_err(io)?;
+        let Some(at) = bytes
+            .windows(UNSTAMPED_VERSION.len())
+            .position(|w| w == UNSTAMPED_VERSION)
+        else {
+            return Ok(binary);
+        };
+        bytes[at..at + stamp.len()].copy_from_slice(stamp.as_bytes());
+        std::fs::create_dir_all(&dir).map_err(io)?;
+        let partial = dir.join(format!("kube-apiserver.{}", std::process::id()));
+        std::fs::write(&partial, bytes).map_err(io)?;
+        std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o755)).map_err(io)?;
+        std::fs::rename(&partial, &stamped).map_err(io)?;
+    }
+    Ok(stamped)
 }
 
 /// A child process under its watchdog; stopping it (or this process exiting) stops the child.
@@ -274,6 +349,8 @@ pub struct Options {
 /// etcd, kube-apiserver and optionally kube-controller-manager.
 pub struct ControlPlane {
     assets: PathBuf,
+    /// `assets`' kube-apiserver, or its version-stamped copy ([`stamped_apiserver`]).
+    apiserver_binary: PathBuf,
     /// Holds data, certificates, kubeconfigs and logs; removed on drop (a shared instance is never
     /// dropped: its directory is removed by the etcd watchdog's shell when this process exits).
     dir: PathBuf,
@@ -429,6 +506,7 @@ impl ControlPlane {
         apiserver_args.extend(options.extra_apiserver_args.iter().cloned());
 
         let plane = Self {
+            apiserver_binary: stamped_apiserver(&assets)?,
             assets,
             dir: dir.clone(),
             tempdir: Some(tempdir),
@@ -463,7 +541,7 @@ impl ControlPlane {
         }
         let process = Process::spawn(
             "kube-apiserver",
-            &self.assets.join("kube-apiserver"),
+            &self.apiserver_binary,
             &self.apiserver_args,
             &[],
             &log,

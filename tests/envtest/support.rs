@@ -68,6 +68,8 @@ fn namespaced(kind: &str) -> bool {
             | "ClusterRole"
             | "ClusterRoleBinding"
             | "ClusterTrainingRuntime"
+            | "ClusterQueue"
+            | "ResourceFlavor"
             | "CustomResourceDefinition"
             | "ValidatingWebhookConfiguration"
             | "MutatingWebhookConfiguration"

@@ -18,11 +18,14 @@ mod control_plane;
 #[path = "../cluster/jobs.rs"]
 #[allow(dead_code)]
 mod jobs;
+#[path = "../cluster/kueue.rs"]
+mod kueue;
 #[path = "../support/prerequisites.rs"]
 mod prerequisites;
 #[path = "../support/prometheus.rs"]
 #[allow(dead_code)]
 mod prometheus;
+mod queued;
 mod scenarios;
 #[path = "../envtest/support.rs"]
 #[allow(dead_code)]

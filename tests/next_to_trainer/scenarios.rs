@@ -17,7 +17,7 @@ use crate::support::{api_for, create, documents, events, get, list, managers};
 use crate::trainer;
 
 /// The sample on Trainer's own MPI runtime, `deepspeed-distributed`.
-const DEEPSPEED: &str = "manifests/samples/trainjob-pi-deepspeed.yaml";
+pub const DEEPSPEED: &str = "manifests/samples/trainjob-pi-deepspeed.yaml";
 /// Trainer's Open MPI variable for the hostfile and the four PRTE ones mpi-webhook adds.
 const OPEN_MPI_ENV: [&str; 5] = [
     "OMPI_MCA_orte_default_hostfile",
@@ -26,7 +26,7 @@ const OPEN_MPI_ENV: [&str; 5] = [
     "PRTE_MCA_prte_set_default_slots",
     "PRTE_MCA_plm_ssh_args",
 ];
-const TRAINJOB: (&str, &str) = ("trainer.kubeflow.org/v1alpha1", "TrainJob");
+pub const TRAINJOB: (&str, &str) = ("trainer.kubeflow.org/v1alpha1", "TrainJob");
 static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
 
 /// Whether Trainer `version` is not built here: then the scenario is skipped when the cluster
@@ -46,7 +46,7 @@ fn trainer_missing(version: &str) -> bool {
 
 /// The cluster with Trainer `version` running, for the scenario's lifetime; `None` when the
 /// cluster suite is opted out of.
-async fn cluster_with(
+pub async fn cluster_with(
     version: &str,
 ) -> Option<(
     &'static Cluster,
@@ -63,7 +63,7 @@ async fn cluster_with(
 }
 
 /// A shipped TrainJob sample in namespace `ns`, without the uid offline mode needs.
-fn train_job_sample(path: &str, ns: &str) -> Value {
+pub fn train_job_sample(path: &str, ns: &str) -> Value {
     let mut train_job = documents(path).remove(0);
     train_job["metadata"]["namespace"] = json!(ns);
     if let Some(meta) = train_job["metadata"].as_object_mut() {
@@ -73,7 +73,7 @@ fn train_job_sample(path: &str, ns: &str) -> Value {
 }
 
 /// The TrainJob's conditions that are `True`, by type.
-fn true_conditions(train_job: &Value) -> Vec<String> {
+pub fn true_conditions(train_job: &Value) -> Vec<String> {
     train_job["status"]["conditions"]
         .as_array()
         .into_iter()
@@ -129,7 +129,7 @@ async fn shipped_sample_completes(version: &str, path: &str, prefix: &str) {
 
 /// TrainJob `name` runs to `Complete` from Trainer's JobSet, with a rank on every host (the
 /// launcher's extra runs are reported).
-async fn completes_with_a_rank_on_every_host(
+pub async fn completes_with_a_rank_on_every_host(
     cluster: &Cluster,
     version: &str,
     ns: &str,
@@ -232,7 +232,7 @@ async fn completes_with_a_rank_on_every_host(
 }
 
 /// Next to Trainer, which makes the SSH Secret when it finds none and applies the hostfile
-/// ConfigMap as field manager `trainer`: one SSH Secret in the namespace (whoever made it first;
+/// ConfigMap as field manager `trainer`: one SSH Secret owned by the TrainJob (whoever made it first;
 /// Trainer's is immutable), the hostfile applied by both without a conflict (no
 /// `HostfileConflict` Event) and neither rewritten while the reconciles go on (their
 /// `resourceVersion` unchanged over 10 s).
@@ -243,6 +243,13 @@ async fn made_once_next_to_trainer(cluster: &Cluster, version: &str, ns: &str, n
         .expect("list Secrets")
         .into_iter()
         .filter(|s| s["type"] == "kubernetes.io/ssh-auth")
+        .filter(|s| {
+            s["metadata"]["ownerReferences"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|o| o["kind"] == "TrainJob" && o["name"] == name)
+        })
         .collect();
     let secret_names: Vec<String> = secrets.iter().map(name_of).collect();
     assert_eq!(

@@ -1,0 +1,206 @@
+//! Next to the real Kueue (`tests/cluster/kueue.rs`) and the real Trainer: a queue with room for
+//! one job at a time, a TrainJob and a JobSet-mode JobSet in it. Kueue suspends both at create,
+//! admits one, injects its ResourceFlavor's node selector and toleration into the admitted job's
+//! pod templates while resuming it (an UPDATE our webhook sees), and admits the other when the
+//! first finishes. Every assertion reads what Kueue, the controllers and the kubelet did.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+use crate::cluster::{self, Cluster};
+use crate::jobs::{JOB_TIMEOUT, diagnose, finished, name_of, pods_of, sample, until};
+use crate::scenarios::{
+    TRAINJOB, cluster_with, completes_with_a_rank_on_every_host, true_conditions,
+};
+use crate::support::{apply, create, get};
+use crate::{kueue, trainer};
+
+/// The label that puts a job in a LocalQueue.
+const QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
+/// The node label and the toleration the ResourceFlavor makes Kueue inject when it admits a job.
+const FLAVOR_NODE_LABEL: (&str, &str) = ("kubernetes.io/os", "linux");
+const FLAVOR_TOLERATION: &str = "mpi-webhook.io/kueue-flavor";
+const JOBSET: (&str, &str) = ("jobset.x-k8s.io/v1alpha2", "JobSet");
+static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
+
+/// The cluster with Trainer `version` and Kueue running; `None` when the cluster suite is opted
+/// out of.
+async fn cluster_with_kueue(
+    version: &str,
+) -> Option<(
+    &'static Cluster,
+    tokio::sync::RwLockReadGuard<'static, Option<trainer::Running>>,
+)> {
+    let cluster = cluster::shared().await?;
+    if let Some(missing) = kueue::missing() {
+        crate::prerequisites::skip_or_fail(
+            "cluster",
+            &missing,
+            "scripts/install-test-deps.sh builds it",
+            &SKIP_NOTICE,
+        );
+        return None;
+    }
+    let running = cluster_with(version).await?;
+    kueue::running(cluster)
+        .await
+        .unwrap_or_else(|e| panic!("Kueue: {e}"));
+    Some(running)
+}
+
+/// A ResourceFlavor, a ClusterQueue with quota for `pods` Pods of it (CPU and memory to spare:
+/// the pods Pods never run short of them), and a LocalQueue `ns` feeding it; the queue's name.
+async fn queue_with_room_for(cluster: &Cluster, ns: &str, pods: u32) -> String {
+    let admin = cluster.admin();
+    let name = ns.to_owned();
+    let (label, value) = FLAVOR_NODE_LABEL;
+    for object in [
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor",
+               "metadata": {"name": name},
+               "spec": {"nodeLabels": {label: value},
+                        "tolerations": [{"key": FLAVOR_TOLERATION, "operator": "Exists",
+                                         "effect": "NoSchedule"}]}}),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
+               "metadata": {"name": name},
+               "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                        "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"],
+                            "flavors": [{"name": name, "resources": [
+                                {"name": "cpu", "nominalQuota": "16"},
+                                {"name": "memory", "nominalQuota": "64Gi"},
+                                {"name": "pods", "nominalQuota": pods}]}]}]}}),
+        json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+               "metadata": {"name": name, "namespace": ns},
+               "spec": {"clusterQueue": name}}),
+    ] {
+        apply(&admin, &object, "cluster").await;
+    }
+    name
+}
+
+/// Whether a JobSet or TrainJob is held by Kueue (`spec.suspend: true`).
+fn suspended(object: &Value) -> bool {
+    object["spec"]["suspend"] == json!(true)
+}
+
+/// Whether a pod spec carries the flavor's node selector and toleration.
+fn has_flavor(pod_spec: &Value) -> bool {
+    let (label, value) = FLAVOR_NODE_LABEL;
+    pod_spec["nodeSelector"][label] == value
+        && pod_spec["tolerations"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|t| t["key"] == FLAVOR_TOLERATION)
+}
+
+/// A queue with room for one three-Pod job; a TrainJob (Trainer's `deepspeed-distributed`, a
+/// launcher and two nodes) then a JobSet-mode JobSet (two workers and a launcher) queued in it:
+/// the JobSet waits suspended, with no Pod, until the TrainJob is `Complete`; then it is admitted
+/// with Kueue's node selector and toleration (our webhook allows that UPDATE), runs wired (the
+/// ssh set-up, the pre-flight), and completes.
+async fn a_trainjob_and_a_jobset_take_turns(version: &str, prefix: &str) {
+    let Some((cluster, _trainer)) = cluster_with_kueue(version).await else {
+        return;
+    };
+    let client = cluster.admin();
+    let ns = cluster.plane.namespace(prefix).await;
+    let queue = queue_with_room_for(cluster, &ns, 3).await;
+
+    let mut train_job = crate::scenarios::train_job_sample(crate::scenarios::DEEPSPEED, &ns);
+    train_job["metadata"]["labels"] = json!({QUEUE_NAME: queue});
+    let train_job_name = name_of(&train_job);
+    create(&client, &train_job)
+        .await
+        .unwrap_or_else(|e| panic!("create TrainJob {ns}/{train_job_name}: {e}"));
+    until(
+        cluster,
+        &ns,
+        "the TrainJob admitted",
+        JOB_TIMEOUT,
+        || async {
+            let train_job = get(&client, TRAINJOB.0, TRAINJOB.1, &ns, &train_job_name).await?;
+            (!suspended(&train_job)).then_some(())
+        },
+    )
+    .await;
+
+    let mut jobset = sample("manifests/samples/jobset-pi-openmpi.yaml", &ns);
+    jobset["metadata"]["labels"][QUEUE_NAME] = json!(queue);
+    let jobset_name = name_of(&jobset);
+    create(&client, &jobset)
+        .await
+        .unwrap_or_else(|e| panic!("create JobSet {ns}/{jobset_name}: {e}"));
+
+    // Held while the TrainJob runs. The JobSet is read first: Kueue frees the quota only after
+    // the TrainJob is `Complete`, so a JobSet running before that is a JobSet run out of turn.
+    let started = Instant::now();
+    loop {
+        let jobset = get(&client, JOBSET.0, JOBSET.1, &ns, &jobset_name)
+            .await
+            .unwrap_or_else(|| panic!("no JobSet {ns}/{jobset_name}"));
+        let train_job = get(&client, TRAINJOB.0, TRAINJOB.1, &ns, &train_job_name)
+            .await
+            .unwrap_or_default();
+        let conditions = true_conditions(&train_job);
+        if conditions.iter().any(|c| c == "Complete") {
+            break;
+        }
+        assert!(
+            !conditions.iter().any(|c| c == "Failed") && started.elapsed() < JOB_TIMEOUT,
+            "TrainJob {ns}/{train_job_name} not Complete: {}\n{}",
+            train_job["status"],
+            diagnose(cluster, &ns).await
+        );
+        assert!(
+            suspended(&jobset) && pods_of(&client, &ns, &jobset_name, "node").await.is_empty(),
+            "the JobSet ran while the TrainJob held the queue: suspend {}\n{}",
+            jobset["spec"]["suspend"],
+            diagnose(cluster, &ns).await
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    completes_with_a_rank_on_every_host(cluster, version, &ns, &train_job_name).await;
+
+    let took = finished(cluster, &ns, &jobset_name)
+        .await
+        .unwrap_or_else(|e| panic!("after its turn: {e}"));
+    eprintln!("next to Kueue: JobSet {ns}/{jobset_name} Completed (waited {took:.0?} more)");
+    // Both JobSets as they ran: every pod template carries the flavor Kueue injected when it
+    // admitted the job (Trainer's through the TrainJob's `runtimePatches`), and ours is wired.
+    for (name, ours) in [(&jobset_name, true), (&train_job_name, false)] {
+        let jobset = get(&client, JOBSET.0, JOBSET.1, &ns, name)
+            .await
+            .unwrap_or_else(|| panic!("no JobSet {ns}/{name}"));
+        for job in jobset["spec"]["replicatedJobs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let pod_spec = &job["template"]["spec"]["template"]["spec"];
+            assert!(
+                has_flavor(pod_spec),
+                "{name}/{}: without Kueue's node selector and toleration: {} {}",
+                job["name"],
+                pod_spec["nodeSelector"],
+                pod_spec["tolerations"]
+            );
+            let init: Vec<&str> = pod_spec["initContainers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["name"].as_str())
+                .collect();
+            assert!(
+                !ours || init.contains(&"mpi-ssh-setup"),
+                "{name}/{}: not wired by mpi-webhook: init containers {init:?}",
+                job["name"]
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_trainjob_and_a_jobset_take_turns_in_a_kueue_queue_next_to_trainer_v2_3() {
+    a_trainjob_and_a_jobset_take_turns("v2.3", "kueue-turns").await;
+}
