@@ -53,9 +53,14 @@ pub fn resource(object: &Value) -> ApiResource {
 /// The REST resource of `kind` in `api_version`.
 pub fn resource_of(api_version: &str, kind: &str) -> ApiResource {
     let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
-    let plural = match kind {
-        "NetworkPolicy" => "networkpolicies".to_owned(),
-        other => format!("{}s", other.to_lowercase()),
+    // English plurals as the CRDs and the core kinds the tests use spell them.
+    let lower = kind.to_lowercase();
+    let plural = if let Some(stem) = lower.strip_suffix('y') {
+        format!("{stem}ies")
+    } else if lower.ends_with('s') {
+        format!("{lower}es")
+    } else {
+        format!("{lower}s")
     };
     ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), &plural)
 }
@@ -70,6 +75,7 @@ fn namespaced(kind: &str) -> bool {
             | "ClusterTrainingRuntime"
             | "ClusterQueue"
             | "ResourceFlavor"
+            | "WorkloadPriorityClass"
             | "CustomResourceDefinition"
             | "ValidatingWebhookConfiguration"
             | "MutatingWebhookConfiguration"

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 
 use crate::cluster::{self, Cluster};
-use crate::jobs::{JOB_TIMEOUT, diagnose, finished, name_of, pods_of, sample, until};
+use crate::jobs::{JOB_TIMEOUT, containers, diagnose, finished, name_of, pods_of, sample, until};
 use crate::scenarios::{
     TRAINJOB, cluster_with, completes_with_a_rank_on_every_host, true_conditions,
 };
-use crate::support::{apply, create, get};
+use crate::support::{apply, create, get, list};
 use crate::{kueue, trainer};
 
 /// The label that puts a job in a LocalQueue.
@@ -22,6 +22,10 @@ const QUEUE_NAME: &str = "kueue.x-k8s.io/queue-name";
 const FLAVOR_NODE_LABEL: (&str, &str) = ("kubernetes.io/os", "linux");
 const FLAVOR_TOLERATION: &str = "mpi-webhook.io/kueue-flavor";
 const JOBSET: (&str, &str) = ("jobset.x-k8s.io/v1alpha2", "JobSet");
+/// The label that gives a job a WorkloadPriorityClass.
+const PRIORITY_CLASS: &str = "kueue.x-k8s.io/priority-class";
+/// The shipped Open MPI JobSet-mode sample.
+const JOBSET_SAMPLE: &str = "manifests/samples/jobset-pi-openmpi.yaml";
 static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
 
 /// The cluster with Trainer `version` and Kueue running; `None` when the cluster suite is opted
@@ -50,7 +54,8 @@ async fn cluster_with_kueue(
 }
 
 /// A ResourceFlavor, a ClusterQueue with quota for `pods` Pods of it (CPU and memory to spare:
-/// the pods Pods never run short of them), and a LocalQueue `ns` feeding it; the queue's name.
+/// the pods Pods never run short of them) where a job of higher priority preempts one of lower,
+/// and a LocalQueue `ns` feeding it; the queue's name.
 async fn queue_with_room_for(cluster: &Cluster, ns: &str, pods: u32) -> String {
     let admin = cluster.admin();
     let name = ns.to_owned();
@@ -64,6 +69,7 @@ async fn queue_with_room_for(cluster: &Cluster, ns: &str, pods: u32) -> String {
         json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue",
                "metadata": {"name": name},
                "spec": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                        "preemption": {"withinClusterQueue": "LowerPriority"},
                         "resourceGroups": [{"coveredResources": ["cpu", "memory", "pods"],
                             "flavors": [{"name": name, "resources": [
                                 {"name": "cpu", "nominalQuota": "16"},
@@ -125,7 +131,7 @@ async fn a_trainjob_and_a_jobset_take_turns(version: &str, prefix: &str) {
     )
     .await;
 
-    let mut jobset = sample("manifests/samples/jobset-pi-openmpi.yaml", &ns);
+    let mut jobset = sample(JOBSET_SAMPLE, &ns);
     jobset["metadata"]["labels"][QUEUE_NAME] = json!(queue);
     let jobset_name = name_of(&jobset);
     create(&client, &jobset)
@@ -198,6 +204,144 @@ async fn a_trainjob_and_a_jobset_take_turns(version: &str, prefix: &str) {
             );
         }
     }
+}
+
+/// The SSH Secret and hostfile ConfigMap of JobSet `name`: uid and resourceVersion.
+async fn made_for(client: &kube::Client, ns: &str, name: &str) -> [(Value, Value); 2] {
+    let mut made = [(Value::Null, Value::Null), (Value::Null, Value::Null)];
+    for (slot, (kind, suffix)) in made
+        .iter_mut()
+        .zip([("Secret", "mpi-ssh-auth"), ("ConfigMap", "mpi-hostfile")])
+    {
+        let object = get(client, "v1", kind, ns, &format!("{name}-{suffix}"))
+            .await
+            .unwrap_or_default();
+        *slot = (
+            object["metadata"]["uid"].clone(),
+            object["metadata"]["resourceVersion"].clone(),
+        );
+    }
+    made
+}
+
+/// A queue with room for one three-Pod job; a JobSet-mode JobSet of low priority runs in it
+/// (its launcher sleeping a while before each rank's line) when one of high priority arrives:
+/// Kueue preempts the first (`spec.suspend: true`, its Workload `Evicted` for `Preempted`), runs
+/// the second to `Completed`, then admits the first again, which resumes and completes with the
+/// SSH Secret and hostfile it had before (the same uid and resourceVersion: nothing re-made).
+async fn a_preempted_jobset_resumes_with_its_secret(prefix: &str) {
+    let Some(cluster) = cluster::shared().await else {
+        return;
+    };
+    if let Some(missing) = kueue::missing() {
+        crate::prerequisites::skip_or_fail(
+            "cluster",
+            &missing,
+            "scripts/install-test-deps.sh builds it",
+            &SKIP_NOTICE,
+        );
+        return;
+    }
+    kueue::running(cluster)
+        .await
+        .unwrap_or_else(|e| panic!("Kueue: {e}"));
+    let client = cluster.admin();
+    let ns = cluster.plane.namespace(prefix).await;
+    let queue = queue_with_room_for(cluster, &ns, 3).await;
+    for (name, value) in [("low", 100), ("high", 1000)] {
+        let class = json!({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "WorkloadPriorityClass",
+                           "metadata": {"name": format!("{ns}-{name}")}, "value": value});
+        apply(&client, &class, "cluster").await;
+    }
+    let queued = |name: &str, priority: &str| {
+        let mut jobset = sample(JOBSET_SAMPLE, &ns);
+        jobset["metadata"]["name"] = json!(name);
+        jobset["metadata"]["labels"][QUEUE_NAME] = json!(queue);
+        jobset["metadata"]["labels"][PRIORITY_CLASS] = json!(format!("{ns}-{priority}"));
+        jobset
+    };
+
+    let mut low = queued("low", "low");
+    containers(&mut low, "launcher")[0]["command"] = json!([
+        "mpirun",
+        "--allow-run-as-root",
+        "-n",
+        "2",
+        "sh",
+        "-c",
+        "sleep 20; hostname"
+    ]);
+    create(&client, &low)
+        .await
+        .unwrap_or_else(|e| panic!("create JobSet {ns}/low: {e}"));
+    until(
+        cluster,
+        &ns,
+        "the low-priority launcher running",
+        JOB_TIMEOUT,
+        || async {
+            let launchers = pods_of(&client, &ns, "low", "launcher").await;
+            launchers
+                .iter()
+                .any(|pod| pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+                .then_some(())
+        },
+    )
+    .await;
+    let before = made_for(&client, &ns, "low").await;
+    assert!(
+        !before[0].0.is_null(),
+        "no SSH Secret for the running low-priority JobSet"
+    );
+
+    create(&client, &queued("high", "high"))
+        .await
+        .unwrap_or_else(|e| panic!("create JobSet {ns}/high: {e}"));
+    until(
+        cluster,
+        &ns,
+        "the low-priority JobSet preempted",
+        JOB_TIMEOUT,
+        || async {
+            let low = get(&client, JOBSET.0, JOBSET.1, &ns, "low").await?;
+            suspended(&low).then_some(())
+        },
+    )
+    .await;
+    let preempted = list(&client, "kueue.x-k8s.io/v1beta2", "Workload", &ns)
+        .await
+        .expect("list Workloads")
+        .into_iter()
+        .filter(|w| w["metadata"]["ownerReferences"][0]["name"] == "low")
+        .flat_map(|w| {
+            w["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .any(|c| c["type"] == "Evicted" && c["reason"] == "Preempted");
+    assert!(
+        preempted,
+        "the low-priority Workload is not Evicted for Preempted"
+    );
+
+    finished(cluster, &ns, "high")
+        .await
+        .unwrap_or_else(|e| panic!("the high-priority JobSet: {e}"));
+    let took = finished(cluster, &ns, "low")
+        .await
+        .unwrap_or_else(|e| panic!("the preempted JobSet, admitted again: {e}"));
+    eprintln!("next to Kueue: the preempted JobSet {ns}/low Completed {took:.0?} after the other");
+    assert_eq!(
+        made_for(&client, &ns, "low").await,
+        before,
+        "the preempted JobSet's Secret and hostfile (uid, resourceVersion)"
+    );
+}
+
+#[tokio::test]
+async fn a_jobset_preempted_by_kueue_resumes_with_the_same_secret() {
+    a_preempted_jobset_resumes_with_its_secret("kueue-preempted").await;
 }
 
 #[tokio::test]
