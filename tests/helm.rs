@@ -413,6 +413,52 @@ fn runtimes_default_enabled_installs_what_manifests_runtimes_installs() {
     );
 }
 
+/// `helm package` follows the links of `files/`: the packaged chart holds the files of
+/// manifests/ themselves and renders what the chart's folder renders.
+#[test]
+fn the_packaged_chart_holds_the_manifests_and_renders_the_same() {
+    let Some(helm) = helm() else { return };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let dest = tmp.path().to_str().expect("utf-8 path");
+    let chart = chart();
+    let out = run(
+        &helm,
+        &[
+            "package",
+            chart.to_str().expect("utf-8 path"),
+            "--destination",
+            dest,
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "helm package failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let archive = tmp.path().join("mpi-webhook-0.1.0.tgz");
+    let archive = archive.to_str().expect("utf-8 path");
+    for args in [
+        vec![],
+        vec![
+            "--set",
+            "crds.intelMpich=true",
+            "--set",
+            "runtimes.defaultEnabled=true",
+        ],
+    ] {
+        let mut packaged = vec!["template", RELEASE, archive, "--namespace", NAMESPACE];
+        packaged.extend_from_slice(&args);
+        let out = run(&helm, &packaged);
+        assert!(
+            out.status.success(),
+            "helm template of the package failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let from_package = parse(&String::from_utf8(out.stdout).expect("utf-8"));
+        assert_eq!(from_package, helm_template(&helm, &args), "{args:?}");
+    }
+}
+
 #[test]
 fn the_charts_app_version_is_the_image_tag_the_kustomize_base_deploys() {
     let chart: Value = serde_saphyr::from_str(
