@@ -4,8 +4,10 @@
 //! shared plane they would refuse the other tests' objects. No node runs the Deployment, so no
 //! webhook answers: while the chart is installed a labelled JobSet is refused (the webhooks are
 //! registered and select it), and once it is uninstalled the same JobSet is admitted (nothing
-//! fail-closed is left behind). `--enable-aggregator-routing` makes the apiserver look the
-//! Service's endpoints up (there are none) instead of dialling its cluster IP.
+//! fail-closed is left behind). On the way, the Intel/MPICH CRDs are taken over from the field
+//! manager that applied them, and stay after the uninstall. `--enable-aggregator-routing` makes
+//! the apiserver look the Service's endpoints up (there are none) instead of dialling its cluster
+//! IP.
 //!
 //! Without helm the test fails, saying how to build it, unless `SKIP_TEST_SUITES=helm`.
 
@@ -20,6 +22,12 @@ use crate::support::{apply, create, documents, get, repo, serving_certs};
 
 const NAMESPACE: &str = "mpi-webhook";
 const SAMPLE: &str = "manifests/samples/jobset-pi-openmpi.yaml";
+const CRD_VERSION: &str = "apiextensions.k8s.io/v1";
+/// The CRDs `crds.intelMpich` replaces.
+const RUNTIME_CRDS: [&str; 2] = [
+    "trainingruntimes.trainer.kubeflow.org",
+    "clustertrainingruntimes.trainer.kubeflow.org",
+];
 
 /// helm: `HELM` if set, else the one `scripts/install-neighbours.sh` built, else PATH's; `None`
 /// after one line on stderr when `SKIP_TEST_SUITES` names `helm`.
@@ -222,6 +230,36 @@ async fn helm_install_upgrade_and_uninstall_leave_no_webhook_behind() {
         );
     }
 
+    // The CRDs admitting Intel and MPICH, taken over from the install that made them (here the
+    // test's field manager, as Trainer's would be), as the chart's README says.
+    run_helm(
+        &helm,
+        &kubeconfig,
+        &[
+            "upgrade",
+            "mpi-webhook",
+            chart,
+            "--namespace",
+            NAMESPACE,
+            "--reuse-values",
+            "--take-ownership",
+            "--force-conflicts",
+            "--set",
+            "crds.intelMpich=true",
+        ],
+    );
+    for name in RUNTIME_CRDS {
+        let crd = get(&admin, CRD_VERSION, "CustomResourceDefinition", "", name)
+            .await
+            .unwrap_or_else(|| panic!("no CRD {name}"));
+        assert_eq!(
+            crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+                ["mlPolicy"]["properties"]["mpi"]["properties"]["mpiImplementation"]["enum"],
+            serde_json::json!(["OpenMPI", "", "Intel", "MPICH"]),
+            "{name}"
+        );
+    }
+
     // Uninstall: nothing of the chart is left, and a labelled JobSet is admitted again.
     run_helm(
         &helm,
@@ -267,4 +305,13 @@ async fn helm_install_upgrade_and_uninstall_leave_no_webhook_behind() {
     create(&admin, &jobset(&jobs))
         .await
         .expect("a labelled JobSet admitted once the chart is uninstalled");
+    // The CRDs stay (helm.sh/resource-policy: keep): deleting them would delete every runtime.
+    for name in RUNTIME_CRDS {
+        assert!(
+            get(&admin, CRD_VERSION, "CustomResourceDefinition", "", name)
+                .await
+                .is_some(),
+            "the uninstall deleted the CRD {name}"
+        );
+    }
 }
