@@ -7,6 +7,7 @@
 #   trainer-v2.3  github.com/kubeflow/trainer/v2  cmd/trainer-controller-manager
 #   jobset        sigs.k8s.io/jobset              the module's root (its main.go is the manager)
 #   kueue         sigs.k8s.io/kueue               cmd/kueue
+#   helm          helm.sh/helm/v4                 cmd/helm (the CLI the chart's tests run)
 #
 # Each goes to target/neighbours/<name>/: the binary, plus the YAML its release ships that the
 # tests apply (CRDs, RBAC, webhook configurations, runtimes), copied from the module's directory
@@ -24,8 +25,8 @@ dest_root="${NEIGHBOURS_DIR:-target/neighbours}"
 only="${NEIGHBOURS:-}"
 
 if ! command -v go >/dev/null 2>&1; then
-  echo "install-neighbours: no go on PATH: Kubeflow Trainer and the JobSet controller not built" \
-    "(the cluster scenarios next to Trainer need them; install Go 1.26 or later)" >&2
+  echo "install-neighbours: no go on PATH: Kubeflow Trainer, the JobSet controller and helm not" \
+    "built (the cluster scenarios and the chart's tests need them; install Go 1.26 or later)" >&2
   exit 0
 fi
 
@@ -35,7 +36,9 @@ export GOFLAGS="-p=2 -trimpath -buildvcs=false -mod=readonly"
 
 # build NAME PACKAGE BINARY YAML... : the module in tests/neighbours/NAME, its PACKAGE built as
 # target/neighbours/NAME/BINARY, and each YAML path (a file or folder of the upstream module)
-# copied under target/neighbours/NAME/ at the same relative path.
+# copied under target/neighbours/NAME/ at the same relative path. EXTRA_LDFLAGS, when set for
+# one call, is added to -ldflags with @VERSION@ replaced by the pinned version (and to the stamp,
+# so that changing it builds again).
 build() {
   local name="$1" pkg="$2" binary="$3"
   shift 3
@@ -53,6 +56,11 @@ mods = [r for r in json.load(sys.stdin)["Require"] if pkg == r["Path"] or pkg.st
 m = max(mods, key=lambda r: len(r["Path"]))
 print(m["Path"], m["Version"])' "$pkg")
   stamp="$module $version $(cd "$src" && cat go.mod go.sum | sha256sum | cut -d' ' -f1) $(go env GOVERSION)"
+  local extra="${EXTRA_LDFLAGS:-}"
+  extra="${extra//@VERSION@/$version}"
+  if [ -n "$extra" ]; then
+    stamp="$stamp $extra"
+  fi
   if [ -x "$dest/$binary" ] && [ -f "$dest/.stamp" ] && [ "$(cat "$dest/.stamp")" = "$stamp" ]; then
     return
   fi
@@ -60,7 +68,7 @@ print(m["Path"], m["Version"])' "$pkg")
   echo "install-neighbours: building $name ($module $version)"
   rm -rf "$dest"
   mkdir -p "$dest"
-  (cd "$src" && go build -ldflags="-s -w" -o "$OLDPWD/$dest/$binary.partial" "$pkg")
+  (cd "$src" && go build -ldflags="-s -w${extra:+ $extra}" -o "$OLDPWD/$dest/$binary.partial" "$pkg")
   dir="$(cd "$src" && go mod download -json "$module@$version" |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
   local path
@@ -84,3 +92,7 @@ build jobset sigs.k8s.io/jobset jobset-controller \
 build kueue sigs.k8s.io/kueue/cmd/kueue kueue \
   config/components/crd config/components/rbac config/components/webhook \
   config/components/manager
+# Helm's Makefile sets its version this way; without it `helm version` says v4.3 (the
+# Capabilities' Kubernetes version it reads from the module's client-go, needing no flag).
+EXTRA_LDFLAGS="-X helm.sh/helm/v4/internal/version.version=@VERSION@" \
+  build helm helm.sh/helm/v4/cmd/helm helm

@@ -4,8 +4,8 @@
 # (tests/mpi_launchers), and the envtest control plane (tests/envtest): etcd from Debian when root
 # and missing, the node's Debian packages (tests/cluster) when root and missing, and the control
 # plane and node binaries (below: KUBEBUILDER_ASSETS, the team's copy, or the envtest release
-# archive), after the neighbours the cluster runs (Kubeflow Trainer, the JobSet controller: built
-# with Go from their modules, scripts/install-neighbours.sh). As root, last: umoci and mmdebstrap from Debian, then the test
+# archive), after the neighbours the cluster runs (Kubeflow Trainer, the JobSet controller) and
+# helm (tests/helm.rs): built with Go from their modules, scripts/install-neighbours.sh. As root, last: umoci and mmdebstrap from Debian, then the test
 # cluster's OCI image archives (scripts/build-test-images.sh: pause and the MPI images, cached).
 # The README's test command is this script followed by `cargo test --locked`.
 set -euo pipefail
@@ -45,8 +45,9 @@ if ((${#node_missing[@]})) && [ "$(id -u)" = 0 ]; then
     "${node_missing[@]}" >/dev/null
 fi
 # The controllers the cluster scenarios run beside mpi-webhook (tests/cluster,
-# tests/next_to_trainer): Kubeflow Trainer and the JobSet controller, built from their Go modules
-# at the versions tests/neighbours/ pins (nothing is built when target/neighbours is current).
+# tests/next_to_trainer): Kubeflow Trainer and the JobSet controller, and helm (tests/helm.rs,
+# tests/envtest), built from their Go modules at the versions tests/neighbours/ pins (nothing is
+# built when target/neighbours is current).
 ./scripts/install-neighbours.sh
 # The control plane and node binaries (tests/envtest, tests/cluster).
 ./scripts/install-envtest.sh

@@ -10,6 +10,7 @@
 mod admission;
 mod control_plane;
 mod harness;
+mod helm;
 #[path = "../support/prerequisites.rs"]
 mod prerequisites;
 #[path = "../support/prometheus.rs"]

@@ -2,7 +2,8 @@
 //! and how to get it, as controller-runtime's envtest does; a suite green with every scenario
 //! skipped would prove nothing. Only an explicit opt-out skips: `SKIP_TEST_SUITES` names the
 //! suites, comma-separated (`envtest`, `garbage-collector`, `cluster`, `mpi-launchers`,
-//! `manifests`), and each skipping suite says so once on stderr. `.ci/run` refuses the variable.
+//! `manifests`, `helm`), and each skipping suite says so once on stderr. `.ci/run` refuses the
+//! variable.
 
 use std::io::Write as _;
 
