@@ -60,6 +60,9 @@ mod proc;
 mod product;
 mod spec_model;
 
+/// Said once when prerequisites are missing and the suite is opted out of.
+static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
+
 /// This suite's name in `SKIP_TEST_SUITES`.
 const SUITE: &str = "mpi-launchers";
 
@@ -1287,16 +1290,12 @@ fn run_suite(suite: Suite) {
         missing.extend(m);
     }
     if !missing.is_empty() {
-        let msg = format!("missing: {}; {}", missing.join("; "), prereq::INSTALL_HINT);
-        assert!(
-            prerequisites::opted_out(SUITE),
-            "mpi_launchers: {msg} (or skip with {}={SUITE})",
-            prerequisites::SKIP_VARIABLE
+        prerequisites::skip_or_fail(
+            SUITE,
+            &format!("missing: {}", missing.join("; ")),
+            prereq::INSTALL_HINT,
+            &SKIP_NOTICE,
         );
-        say(&format!(
-            "SKIPPING ({}={SUITE}) what cannot run; {msg}",
-            prerequisites::SKIP_VARIABLE
-        ));
         if !common.is_empty() {
             return;
         }
@@ -1401,16 +1400,12 @@ fn host_name_limits() {
         }
         let missing = prereq::missing_for(&l);
         if !missing.is_empty() {
-            assert!(
-                prerequisites::opted_out(SUITE),
-                "host_name_limits: missing: {missing:?}; {} (or skip with {}={SUITE})",
+            prerequisites::skip_or_fail(
+                SUITE,
+                &format!("{}: missing: {}", l.label, missing.join("; ")),
                 prereq::INSTALL_HINT,
-                prerequisites::SKIP_VARIABLE
+                &SKIP_NOTICE,
             );
-            say(&format!(
-                "{}: host name limits skipped: {missing:?}",
-                l.label
-            ));
             continue;
         }
         // (length, whether the launcher must survive it)
