@@ -22,6 +22,9 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 dest_root="${NEIGHBOURS_DIR:-target/neighbours}"
+# Absolute: each build runs in its module's folder.
+mkdir -p "$dest_root"
+dest_root="$(cd "$dest_root" && pwd)"
 only="${NEIGHBOURS:-}"
 
 if ! command -v go >/dev/null 2>&1; then
@@ -68,7 +71,7 @@ print(m["Path"], m["Version"])' "$pkg")
   echo "install-neighbours: building $name ($module $version)"
   rm -rf "$dest"
   mkdir -p "$dest"
-  (cd "$src" && go build -ldflags="-s -w${extra:+ $extra}" -o "$OLDPWD/$dest/$binary.partial" "$pkg")
+  (cd "$src" && go build -ldflags="-s -w${extra:+ $extra}" -o "$dest/$binary.partial" "$pkg")
   dir="$(cd "$src" && go mod download -json "$module@$version" |
     python3 -c 'import json, sys; print(json.load(sys.stdin)["Dir"])')"
   local path
