@@ -69,17 +69,16 @@ pub const API_CALLS: &[ApiCall] = &[
     // its JobSet ran it into a WorkerLost Event (the JobSet's `get` above tells a loss from
     // JobSet's own teardown).
     read(RECONCILE, "", "pods"),
-    // The SSH Secret is created once and never changed (immutable): no update, patch or delete.
-    // The list/watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`) and
-    // metadata-only (PartialObjectMetadata): the reconciler never reads key material. Its cache
-    // is spec D.1's read, so no GET is sent; `get` goes with list/watch as for the NetworkPolicy
-    // (reading one of our own objects). RBAC cannot narrow by label, so the grant itself is
-    // cluster-wide.
+    // The SSH Secret: a create, and nothing else (Decision 22). Created once and never changed
+    // (immutable): no update, patch or delete. Never read either, not even its metadata: RBAC
+    // cannot narrow a read by label, so any read grant would be every Secret of the cluster. An
+    // existing one (ours, Kubeflow Trainer's, a user's) is recognised by the create's
+    // AlreadyExists and used as is.
     ApiCall {
         component: RECONCILE,
         group: "",
         resource: "secrets",
-        verbs: &["get", "list", "watch", "create"],
+        verbs: &["create"],
         namespaced_to_own_namespace: false,
     },
     // The hostfile ConfigMap is server-side applied (PATCH with field manager `mpi-webhook`; an
