@@ -67,8 +67,15 @@ pub const API_CALLS: &[ApiCall] = &[
     // init container (JobSet mode) into a PreflightFailed Event on its JobSet, a failed launcher
     // container into a LauncherFailed Event on its JobSet or TrainJob, and a worker lost while
     // its JobSet ran it into a WorkerLost Event (the JobSet's `get` above tells a loss from
-    // JobSet's own teardown).
-    read(RECONCILE, "", "pods"),
+    // JobSet's own teardown). It needs the Pods' statuses, so not metadata only; no request
+    // reads one Pod, so no `get`. RBAC cannot narrow by label: the grant is every Pod's.
+    ApiCall {
+        component: RECONCILE,
+        group: "",
+        resource: "pods",
+        verbs: &["list", "watch"],
+        namespaced_to_own_namespace: false,
+    },
     // The SSH Secret: a create, and nothing else (Decision 22). Created once and never changed
     // (immutable): no update, patch or delete. Never read either, not even its metadata: RBAC
     // cannot narrow a read by label, so any read grant would be every Secret of the cluster. An
@@ -95,13 +102,12 @@ pub const API_CALLS: &[ApiCall] = &[
     // The per-job NetworkPolicy `<name>-mpi` (when on) is server-side applied like the
     // ConfigMap (PATCH with field manager `mpi-webhook`; `create` for the apply that creates it),
     // and its label-selected list/watch feeds drift repair. It is read only through that cache:
-    // `get` is granted with list/watch as the design asks (reading one of our own objects), though
-    // no request uses it today. Never deleted: no `delete`.
+    // no request reads one, so no `get`. Never deleted: no `delete`.
     ApiCall {
         component: RECONCILE,
         group: "networking.k8s.io",
         resource: "networkpolicies",
-        verbs: &["get", "list", "watch", "create", "patch"],
+        verbs: &["list", "watch", "create", "patch"],
         namespaced_to_own_namespace: false,
     },
     // No call is made on this subresource: the OwnerReferencesPermissionEnforcement admission
