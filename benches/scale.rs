@@ -21,12 +21,18 @@
 //!    with each ConfigMap server-side applied instead of created, as the contract makes the
 //!    reconciler write it (interface.md "Reconciler"), which costs the API server more than a
 //!    create;
-//! 6. prints the time beside both floors, the API server's CPU time in each, the writes per job (the apiserver's own
+//! 6. restarts `reconcile` (a new leadership term over owners that all have their objects, as
+//!    after a failover), waits until every owner was reconciled and it is quiet, and counts what
+//!    that term costs: its Secret creates (and how many were answered 409 AlreadyExists), the
+//!    key pairs it generated, its CPU time and kube-apiserver's;
+//! 7. prints the time beside both floors, the API server's CPU time in each, the writes per job (the apiserver's own
 //!    `apiserver_request_total` of POST, PUT, PATCH, APPLY (server-side apply) and DELETE on Secrets, ConfigMaps, Events and
 //!    NetworkPolicies during step 4; Lease renewals are left out), the peak RSS (`VmHWM`) of
 //!    both processes, and the watches each one opened (the apiserver's own
 //!    `apiserver_longrunning_requests{verb="WATCH"}`, by resource, read before and after it
-//!    started).
+//!    started), and, for the first run and the restart, the Secret creates (POSTs, and of them
+//!    409s) and the key pairs generated (`mpi_webhook_ssh_keys_generated_total`; a reconciler
+//!    without that metric made one per create).
 //!
 //! Every process it starts is stopped at the end of its case, on failure too (a guard kills it);
 //! every wait is bounded (`SCALE_TIMEOUT_S`, default 300 s, for each step). Without
@@ -275,6 +281,50 @@ impl ControlPlane {
         }
         Ok(counts)
     }
+}
+
+/// Secret creates so far, and of them those answered 409 (AlreadyExists).
+#[derive(Clone, Copy, Default)]
+struct SecretCreates {
+    posts: u64,
+    conflicts: u64,
+}
+
+impl std::ops::Sub for SecretCreates {
+    type Output = Self;
+    fn sub(self, before: Self) -> Self {
+        Self {
+            posts: self.posts - before.posts,
+            conflicts: self.conflicts - before.conflicts,
+        }
+    }
+}
+
+impl ControlPlane {
+    /// The apiserver's count of POSTs on Secrets, and of those answered 409.
+    async fn secret_creates(&self) -> Result<SecretCreates, AnyError> {
+        let text = apiserver_metrics(&self.client).await?;
+        let mut creates = SecretCreates::default();
+        for (labels, value) in samples(&text, "apiserver_request_total") {
+            if label(labels, "verb") == Some("POST") && label(labels, "resource") == Some("secrets")
+            {
+                let n = value.parse::<f64>()? as u64;
+                creates.posts += n;
+                if label(labels, "code") == Some("409") {
+                    creates.conflicts += n;
+                }
+            }
+        }
+        Ok(creates)
+    }
+}
+
+/// Key pairs the reconciler generated, from its own metrics; `None` for a reconciler without
+/// the metric (it made one per Secret create).
+fn keys_generated(metrics: &str) -> Option<u64> {
+    metrics
+        .contains("mpi_webhook_ssh_keys_generated_total")
+        .then(|| prometheus::sum(metrics, "mpi_webhook_ssh_keys_generated_total"))
 }
 
 /// The apiserver's own `/metrics` text.
@@ -620,7 +670,30 @@ struct CaseResult {
     serve_watches: Watches,
     /// Watches `reconcile` opened (once it was quiet).
     reconcile_watches: Watches,
+    /// The first run's Secret creates.
+    secret_creates: SecretCreates,
+    /// The first run's key pairs (`None`: one per create).
+    keys: Option<u64>,
+    /// The second run, over owners that have all their objects.
+    restart: Restart,
     load: String,
+}
+
+/// What a new term over owners that have all their objects costs.
+struct Restart {
+    /// From its spawn until its last reconcile before it was quiet.
+    time: Duration,
+    secret_creates: SecretCreates,
+    keys: Option<u64>,
+    reconcile_cpu: Duration,
+    apiserver_cpu: Duration,
+}
+
+fn keys_text(keys: Option<u64>, creates: SecretCreates) -> String {
+    match keys {
+        Some(keys) => keys.to_string(),
+        None => format!("{} (one per create)", creates.posts),
+    }
 }
 
 impl CaseResult {
@@ -639,7 +712,9 @@ impl CaseResult {
              ({:.2}x), applying the ConfigMaps {:.1} s ({:.2}x); writes per job {:.2} ({}); peak RSS reconcile {:.1} MiB, serve {:.1} MiB \
              ({:.1} MiB when its caches were synced); CPU reconcile {:.1} s, kube-apiserver {:.1} s \
              ({:.1} s in the floor, {:.1} s in the apply floor); watches open: serve {}, reconcile {}; \
-             load average after: {}",
+             Secret creates {} ({} answered 409), key pairs {}; restarted: quiet after {:.1} s, \
+             Secret creates {} ({} answered 409), key pairs {}, CPU reconcile {:.1} s, \
+             kube-apiserver {:.1} s; load average after: {}",
             self.seed.as_secs_f64(),
             self.all_objects.as_secs_f64(),
             self.floor.time.as_secs_f64(),
@@ -657,6 +732,15 @@ impl CaseResult {
             self.apply_floor.apiserver_cpu.as_secs_f64(),
             self.serve_watches,
             self.reconcile_watches,
+            self.secret_creates.posts,
+            self.secret_creates.conflicts,
+            keys_text(self.keys, self.secret_creates),
+            self.restart.time.as_secs_f64(),
+            self.restart.secret_creates.posts,
+            self.restart.secret_creates.conflicts,
+            keys_text(self.restart.keys, self.restart.secret_creates),
+            self.restart.reconcile_cpu.as_secs_f64(),
+            self.restart.apiserver_cpu.as_secs_f64(),
             self.load,
         );
     }
@@ -682,6 +766,33 @@ fn table(results: &[CaseResult]) -> String {
             r.serve_mib,
             r.serve_watches.total(),
             r.reconcile_watches.total(),
+        ));
+    }
+    out.push_str(
+        "\n| owners | run | Secret creates | of them 409 | key pairs | CPU reconcile / apiserver |\n\
+         |---|---|---:|---:|---:|---:|\n",
+    );
+    for r in results {
+        out.push_str(&format!(
+            "| {} {} | first | {} | {} | {} | {:.1} s / {:.1} s |\n",
+            r.jobs,
+            r.kind.label(),
+            r.secret_creates.posts,
+            r.secret_creates.conflicts,
+            keys_text(r.keys, r.secret_creates),
+            r.reconcile_cpu.as_secs_f64(),
+            r.apiserver_cpu.as_secs_f64(),
+        ));
+        out.push_str(&format!(
+            "| {} {} | restarted ({:.1} s) | {} | {} | {} | {:.1} s / {:.1} s |\n",
+            r.jobs,
+            r.kind.label(),
+            r.restart.time.as_secs_f64(),
+            r.restart.secret_creates.posts,
+            r.restart.secret_creates.conflicts,
+            keys_text(r.restart.keys, r.restart.secret_creates),
+            r.restart.reconcile_cpu.as_secs_f64(),
+            r.restart.apiserver_cpu.as_secs_f64(),
         ));
     }
     out
@@ -816,6 +927,7 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         false,
     );
     let writes_before = plane.writes().await?;
+    let creates_before = plane.secret_creates().await?;
     // The bench's own two watches are open before the reconciler's are counted.
     let bound = Instant::now() + settings.timeout;
     let before_reconcile = loop {
@@ -881,12 +993,15 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         }
     }
     let writes_after = plane.writes().await?;
+    let secret_creates = plane.secret_creates().await? - creates_before;
+    let keys = keys_generated(&scrape(reconcile_metrics).await?);
     let reconcile_watches = opened(&before_reconcile, &open_watches(&client).await?);
     let reconcile_cpu = procfs::cpu_time(reconcile.pid())?;
     let apiserver_cpu = procfs::cpu_time(plane.apiserver_pid)? - apiserver_cpu_before;
     let reconcile_mib = reconcile.peak_mib()?;
     drop(reconcile);
     let writes = std::array::from_fn(|i| writes_after[i] - writes_before[i]);
+    let restart = restart(&plane, jobs, settings, &dir).await?;
     // The floors, once the reconciler stopped, with the bench's own watches still open: they
     // see the floors' objects (which carry the reconciler's label), so what they cost the API
     // server is in both the floors and the reconciler's time.
@@ -924,9 +1039,73 @@ async fn run_case(settings: &Settings, kind: Kind, jobs: usize) -> Result<CaseRe
         serve_mib: serve.peak_mib()?,
         serve_watches,
         reconcile_watches,
+        secret_creates,
+        keys,
+        restart,
         load: load_average(),
     };
     drop(serve);
     drop(plane);
     Ok(result)
+}
+
+/// Starts `reconcile` again over owners that all have their objects (a new leadership term, as
+/// after a failover), waits until it reconciled every owner (`jobs` reconciles) and was quiet
+/// for [`QUIET`], and reads what that cost.
+async fn restart(
+    plane: &ControlPlane,
+    jobs: usize,
+    settings: &Settings,
+    dir: &Path,
+) -> Result<Restart, AnyError> {
+    let creates_before = plane.secret_creates().await?;
+    let apiserver_cpu_before = procfs::cpu_time(plane.apiserver_pid)?;
+    let port = free_port()?;
+    let started = Instant::now();
+    let mut reconcile = Process::spawn(
+        "reconcile-restarted",
+        Command::new(BIN)
+            .args(["reconcile", "--leader-elect"])
+            .arg(format!("--metrics-listen=127.0.0.1:{port}"))
+            .env("KUBECONFIG", &plane.kubeconfig)
+            .env("MPI_WEBHOOK_LEASE_NAMESPACE", "default")
+            .env("MPI_WEBHOOK_LEASE_HOLDER", "bench")
+            .env_remove("KUBERNETES_SERVICE_HOST"),
+        dir,
+    )?;
+    let deadline = started + settings.timeout;
+    let finished = |m: &str| prometheus::sum(m, "mpi_webhook_reconcile_duration_seconds_count");
+    let mut last: Option<(u64, Instant)> = None;
+    let (metrics, quiet_since) = loop {
+        reconcile.ensure_running()?;
+        if Instant::now() > deadline {
+            return Err(reconcile.failure("the restarted reconciler never became quiet"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        // Refused until its probe server listens.
+        let Ok(metrics) = scrape(port).await else {
+            continue;
+        };
+        let now = finished(&metrics);
+        match last {
+            Some((count, since)) if count == now => {
+                if now as usize >= jobs && since.elapsed() >= QUIET {
+                    break (metrics, since);
+                }
+            }
+            _ => last = Some((now, Instant::now())),
+        }
+    };
+    let time = quiet_since.duration_since(started);
+    let secret_creates = plane.secret_creates().await? - creates_before;
+    let reconcile_cpu = procfs::cpu_time(reconcile.pid())?;
+    let apiserver_cpu = procfs::cpu_time(plane.apiserver_pid)? - apiserver_cpu_before;
+    drop(reconcile);
+    Ok(Restart {
+        time,
+        secret_creates,
+        keys: keys_generated(&metrics),
+        reconcile_cpu,
+        apiserver_cpu,
+    })
 }

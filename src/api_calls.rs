@@ -67,19 +67,25 @@ pub const API_CALLS: &[ApiCall] = &[
     // init container (JobSet mode) into a PreflightFailed Event on its JobSet, a failed launcher
     // container into a LauncherFailed Event on its JobSet or TrainJob, and a worker lost while
     // its JobSet ran it into a WorkerLost Event (the JobSet's `get` above tells a loss from
-    // JobSet's own teardown).
-    read(RECONCILE, "", "pods"),
-    // The SSH Secret is created once and never changed (immutable): no update, patch or delete.
-    // The list/watch is label-selected (`app.kubernetes.io/managed-by: mpi-webhook`) and
-    // metadata-only (PartialObjectMetadata): the reconciler never reads key material. Its cache
-    // is spec D.1's read, so no GET is sent; `get` goes with list/watch as for the NetworkPolicy
-    // (reading one of our own objects). RBAC cannot narrow by label, so the grant itself is
-    // cluster-wide.
+    // JobSet's own teardown). It needs the Pods' statuses, so not metadata only; no request
+    // reads one Pod, so no `get`. RBAC cannot narrow by label: the grant is every Pod's.
+    ApiCall {
+        component: RECONCILE,
+        group: "",
+        resource: "pods",
+        verbs: &["list", "watch"],
+        namespaced_to_own_namespace: false,
+    },
+    // The SSH Secret: a create, and nothing else (Decision 22). Created once and never changed
+    // (immutable): no update, patch or delete. Never read either, not even its metadata: RBAC
+    // cannot narrow a read by label, so any read grant would be every Secret of the cluster. An
+    // existing one (ours, Kubeflow Trainer's, a user's) is recognised by the create's
+    // AlreadyExists and used as is.
     ApiCall {
         component: RECONCILE,
         group: "",
         resource: "secrets",
-        verbs: &["get", "list", "watch", "create"],
+        verbs: &["create"],
         namespaced_to_own_namespace: false,
     },
     // The hostfile ConfigMap is server-side applied (PATCH with field manager `mpi-webhook`; an
@@ -96,13 +102,12 @@ pub const API_CALLS: &[ApiCall] = &[
     // The per-job NetworkPolicy `<name>-mpi` (when on) is server-side applied like the
     // ConfigMap (PATCH with field manager `mpi-webhook`; `create` for the apply that creates it),
     // and its label-selected list/watch feeds drift repair. It is read only through that cache:
-    // `get` is granted with list/watch as the design asks (reading one of our own objects), though
-    // no request uses it today. Never deleted: no `delete`.
+    // no request reads one, so no `get`. Never deleted: no `delete`.
     ApiCall {
         component: RECONCILE,
         group: "networking.k8s.io",
         resource: "networkpolicies",
-        verbs: &["get", "list", "watch", "create", "patch"],
+        verbs: &["list", "watch", "create", "patch"],
         namespaced_to_own_namespace: false,
     },
     // No call is made on this subresource: the OwnerReferencesPermissionEnforcement admission

@@ -671,6 +671,76 @@ fn rbac_grants_every_verb_the_code_uses_and_no_more() {
     }
 }
 
+/// The rows of the table under docs/operations.md's "What mpi-webhook can read", one grant per
+/// verb, in [`needed`]'s form; a row that does not parse is an error naming its line.
+fn documented_grants() -> Result<BTreeSet<Grant>, String> {
+    let path = repo().join("docs/operations.md");
+    let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let start = text
+        .find("\n## What mpi-webhook can read\n")
+        .ok_or("docs/operations.md has no section \"What mpi-webhook can read\"")?;
+    let section = &text[start + 1..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |i| i + 3)];
+    let mut grants = BTreeSet::new();
+    let rows = section
+        .lines()
+        .filter(|l| l.starts_with('|'))
+        .skip(2) // the header and its rule
+        .map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            (line, cells)
+        });
+    for (line, cells) in rows {
+        let [_, component, group, resource, verbs, scope, ..] = cells[..] else {
+            return Err(format!("a row without six cells: {line}"));
+        };
+        let group = match group {
+            "(core)" => "",
+            quoted => quoted.trim_matches('`'),
+        };
+        let own_namespace = match scope {
+            "cluster" => false,
+            "own namespace" => true,
+            other => {
+                return Err(format!(
+                    "scope {other:?} is neither cluster nor own namespace: {line}"
+                ));
+            }
+        };
+        for verb in verbs.split(',').map(str::trim) {
+            grants.insert((
+                component.to_string(),
+                group.to_string(),
+                resource.to_string(),
+                verb.to_string(),
+                own_namespace,
+            ));
+        }
+    }
+    Ok(grants)
+}
+
+/// docs/operations.md's "What mpi-webhook can read" says what the ServiceAccount may do: each
+/// permission of API_CALLS (and so of the RBAC, checked above) once, and no other.
+#[test]
+fn the_operations_page_lists_exactly_the_grants_of_api_calls() {
+    let documented = documented_grants().unwrap_or_else(|e| panic!("{e}"));
+    let needed = needed();
+    let missing: Vec<_> = needed.difference(&documented).collect();
+    let extra: Vec<_> = documented.difference(&needed).collect();
+    assert!(
+        missing.is_empty() && extra.is_empty(),
+        "docs/operations.md \"What mpi-webhook can read\" and src/api_calls.rs differ.\n\
+         missing from the table: {missing:#?}\nin the table but not in API_CALLS: {extra:#?}"
+    );
+    assert!(
+        !documented
+            .iter()
+            .any(|g| g.2 == "secrets" && matches!(g.3.as_str(), "get" | "list" | "watch")),
+        "a read of Secrets is documented"
+    );
+}
+
 #[test]
 fn every_role_is_bound_and_every_role_and_binding_is_named_for_us() {
     let objects = base();

@@ -257,7 +257,7 @@ pub struct Watch<K: Resource> {
 /// theirs here; [`Self::run`] drives them all.
 ///
 /// Not kube's shared-stream subscriptions (`store_shared`, `for_shared_stream`): a subscriber
-/// there is shown no deletion (kube-rs#1590), so a deleted Secret of ours would not make its
+/// there is shown no deletion (kube-rs#1590), so a deleted ConfigMap of ours would not make its
 /// owner make it again; subscribers are taken only before the watch starts (kube-rs#1630); and
 /// a subscriber whose object is deleted before it reads it returns `Pending` without waiting for
 /// the next one, which leaves it, and then through the shared buffer the watch, stalled.

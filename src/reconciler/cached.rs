@@ -4,32 +4,13 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::PartialObjectMeta;
 
 use crate::api::JobSet;
 use crate::mpi::HOSTFILE_NAME;
 use crate::mpi::jobset_mode::IMPLEMENTATION_LABEL;
 use crate::objects::cluster::identity;
-
-/// What the reconciler reads of a Secret of ours: whether it exists (`ensure_secret`, the
-/// cache) and, in the watch's events, its owners (who to reconcile when it changes). Its
-/// identity ([`identity`]) without its UID, and without the `apiVersion`/`kind` a metadata list
-/// gives every item (`PartialObjectMetadata`, the same for all): nobody reads either.
-pub(super) fn secret_read(secret: &mut PartialObjectMeta<Secret>) {
-    identity(secret);
-    secret.metadata.uid = None;
-    secret.types = None;
-}
-
-/// What the Secret cache keeps of [`secret_read`]'s: the name and namespace, all that
-/// `ensure_secret` asks of it (whether the Secret exists). Its owner references (about 250
-/// bytes each) are read from the watch's events only, which keep them.
-pub(super) fn secret_stored(secret: &mut PartialObjectMeta<Secret>) {
-    secret.metadata.owner_references = None;
-    secret.metadata.deletion_timestamp = None;
-}
 
 /// What the reconciler reads of a hostfile ConfigMap of ours: whether it is in place
 /// (`writes::applied`: each of our data values, compared by its digest; our labels, which the

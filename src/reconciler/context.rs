@@ -1,16 +1,16 @@
 //! What a reconcile needs ([`Context`], one per leadership term), built from named parts, and
-//! the state it keeps between reconciles: retry counters and the objects applied but not seen
-//! again by their watch yet.
+//! the state it keeps between reconciles: retry counters, the objects applied but not seen
+//! again by their watch yet, and the owners whose Secret this term already made or found.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::core::{DynamicObject, PartialObjectMeta};
+use kube::core::DynamicObject;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
@@ -33,14 +33,21 @@ pub(super) const RETRY_MAX: Duration = Duration::from_secs(300);
 /// cache miss then costs a GET and an apply, never a wrong write).
 const CACHE_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Spare key pairs kept at most: as many as creates can be in flight at once (the controllers'
+/// concurrency, 8 each), so a term's first reconciles over owners whose Secrets all exist (a
+/// failover) generate about that many keys, not one per create. With one spare, 8 reconciles
+/// at once took it in turns and generated a key in 4,250 of 10,000 such creates.
+const SPARE_KEYS: usize = 16;
+
 /// What a [`Context`] is made of: the client, one leadership term's caches and the settings.
 pub struct ContextParts {
     /// The client every write goes through.
     pub client: Client,
     /// TrainJob and runtime lookups (watch caches with a GET fallback).
     pub objects: ClusterObjects,
-    /// Metadata of the Secrets we created (label-selected; never Secret data).
-    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// The owners whose Secret this term already created or found (forgotten on every change
+    /// of the owner, which its own watch shows it).
+    pub ensured: Arc<EnsuredSecrets>,
     /// The ConfigMaps we applied (label-selected).
     pub configmaps: Store<ConfigMap>,
     /// The NetworkPolicies we applied (label-selected).
@@ -67,8 +74,9 @@ pub struct Context {
     pub(super) client: Client,
     /// TrainJob and runtime lookups (watch caches with a GET fallback).
     pub(super) objects: ClusterObjects,
-    /// Metadata of the Secrets we created (label-selected; never Secret data).
-    pub(super) secrets: Store<PartialObjectMeta<Secret>>,
+    /// The owners whose Secret this term already created or found: their reconciles send no
+    /// create (Decision 22).
+    pub(super) ensured: Arc<EnsuredSecrets>,
     /// The ConfigMaps we applied (label-selected).
     pub(super) configmaps: Store<ConfigMap>,
     pub(super) events: Events,
@@ -76,6 +84,9 @@ pub struct Context {
     pub(super) leader: watch::Receiver<bool>,
     pub(super) retries: Retries,
     pub(super) keygen: fn() -> Result<SshKeyPair, KeyError>,
+    /// Key pairs that creates answered AlreadyExists did not store, kept for the next creates
+    /// ([`Self::key_pair`]); at most [`SPARE_KEYS`].
+    spare_keys: Mutex<Vec<SshKeyPair>>,
     /// Resolves once every cache above holds its initial list. Reconciles wait on clones of
     /// this one future, never on the stores themselves: kube's `Store::wait_until_ready`
     /// keeps only the last waiting task's waker, so when several reconciles waited on a store
@@ -99,7 +110,7 @@ impl Context {
         let ContextParts {
             client,
             objects,
-            secrets,
+            ensured,
             configmaps,
             network_policies,
             applied,
@@ -110,17 +121,18 @@ impl Context {
             keygen,
             object_options,
         } = parts;
-        let caches_ready = caches_ready(&secrets, &configmaps, &network_policies, &objects);
+        let caches_ready = caches_ready(&configmaps, &network_policies, &objects);
         Self {
             client,
             objects,
-            secrets,
+            ensured,
             configmaps,
             events,
             metrics,
             leader,
             retries: Retries::default(),
             keygen,
+            spare_keys: Mutex::default(),
             caches_ready,
             applied,
             network_policies,
@@ -139,6 +151,34 @@ impl Context {
         }
     }
 
+    /// A key pair for a Secret create: the spare one when there is one ([`Self::keep_spare`]),
+    /// else a new one (counted in `ssh_keys_generated_total`).
+    pub(super) fn key_pair(&self) -> Result<SshKeyPair, Error> {
+        let spare = self
+            .spare_keys
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop();
+        match spare {
+            Some(keys) => Ok(keys),
+            None => {
+                let keys = (self.keygen)().map_err(Error::Keys)?;
+                self.metrics.key_generated();
+                Ok(keys)
+            }
+        }
+    }
+
+    /// Keeps `keys` for the next create. Only for a pair that no Secret holds: one whose create
+    /// was answered AlreadyExists (nothing stored), never one whose create failed otherwise (a
+    /// timeout may have stored it), so no two Secrets ever share a key.
+    pub(super) fn keep_spare(&self, keys: SshKeyPair) {
+        let mut spare = self.spare_keys.lock().unwrap_or_else(|e| e.into_inner());
+        if spare.len() < SPARE_KEYS {
+            spare.push(keys);
+        }
+    }
+
     pub(super) async fn caches_synced(&self) {
         if tokio::time::timeout(CACHE_SYNC_TIMEOUT, self.caches_ready.clone())
             .await
@@ -151,19 +191,16 @@ impl Context {
 
 /// One future that resolves once every cache holds its initial list (see `caches_ready`).
 fn caches_ready(
-    secrets: &Store<PartialObjectMeta<Secret>>,
     configmaps: &Store<ConfigMap>,
     network_policies: &Store<NetworkPolicy>,
     objects: &ClusterObjects,
 ) -> Shared<BoxFuture<'static, ()>> {
-    let (secrets, configmaps, network_policies, objects) = (
-        secrets.clone(),
+    let (configmaps, network_policies, objects) = (
         configmaps.clone(),
         network_policies.clone(),
         objects.clone(),
     );
     async move {
-        let _ = secrets.wait_until_ready().await;
         let _ = configmaps.wait_until_ready().await;
         let _ = network_policies.wait_until_ready().await;
         let _ = objects.synced().await;
@@ -212,9 +249,9 @@ impl Retries {
 ///
 /// Without it, a reconcile that runs after an apply but before the watch event of that apply
 /// reaches the cache applies the same ConfigMap again (a write for nothing).
-/// That is the common case right after a create: the Secret's own watch event triggers the
-/// next reconcile, often before the ConfigMap's event is in (1 to 3% of TrainJobs in the
-/// reconciler bench). While an entry is here, the API server holds what we applied (in the
+/// That happens right after a create, when another watch's event (the NetworkPolicy's) triggers
+/// the next reconcile before the ConfigMap's event is in (1 to 3% of TrainJobs in the reconciler
+/// bench, when the Secret was still watched and its event did that). While an entry is here, the API server holds what we applied (in the
 /// fields we own): it is recorded before the apply is sent, removed if the apply fails, and
 /// removed by any watch event for that ConfigMap (an edit, a deletion, or our own apply
 /// arriving); a relist, which may have missed deletions, removes them all. So a change by
@@ -269,6 +306,53 @@ impl<K: Resource<DynamicType = ()> + Clone + PartialEq> Applied<K> {
             }
             watcher::Event::Init => self.entries().clear(),
             watcher::Event::InitDone => {}
+        }
+    }
+}
+
+/// The owners (by UID) whose SSH Secret this leadership term already created, or found by the
+/// create's AlreadyExists, so that their next reconciles send no create and generate no key
+/// (Decision 22). The reconciler cannot read Secrets: this set, not a Secret cache, is how it
+/// knows.
+///
+/// An owner is forgotten whenever its own watch shows it changed or deleted
+/// ([`Self::observe`]): its next reconcile sends the create again, which makes a Secret that
+/// somebody deleted again and is otherwise answered AlreadyExists. A new term starts with an
+/// empty set, so a new leader sends one create per owner.
+#[derive(Debug, Default)]
+pub struct EnsuredSecrets(Mutex<HashSet<String>>);
+
+impl EnsuredSecrets {
+    /// Bound on remembered owners (an owner deleted while its watch was down leaves its entry
+    /// behind). Clearing costs one create per live owner, answered AlreadyExists.
+    const MAX_ENTRIES: usize = 1 << 20;
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the Secret of the owner with `uid` was created or found in this term.
+    pub(super) fn contains(&self, uid: &str) -> bool {
+        self.entries().contains(uid)
+    }
+
+    /// Records that the Secret of the owner with `uid` exists.
+    pub(super) fn record(&self, uid: &str) {
+        let mut entries = self.entries();
+        if entries.len() >= Self::MAX_ENTRIES {
+            entries.clear();
+        }
+        entries.insert(uid.to_string());
+    }
+
+    /// Follows the owners' own watch: an owner applied (changed) or deleted is forgotten, before
+    /// the reconcile its event asks for. A relist (`InitApply`) forgets nothing: the term's set
+    /// starts empty, and what a relist after a broken watch shows is the owners as they are.
+    pub fn observe<K: Resource>(&self, event: &watcher::Event<K>) {
+        if let watcher::Event::Apply(owner) | watcher::Event::Delete(owner) = event
+            && let Some(uid) = owner.meta().uid.as_deref()
+        {
+            self.entries().remove(uid);
         }
     }
 }

@@ -32,6 +32,8 @@ pub struct ReconcileMetrics {
     duration: Histogram,
     writes: Family<WriteLabel, Counter>,
     hostfile_conflicts: Counter,
+    keys_generated: Counter,
+    secrets_found: Counter,
     preflight_failures: Counter,
     launcher_failures: Counter,
     lost_workers: Counter,
@@ -47,6 +49,8 @@ impl Default for ReconcileMetrics {
             duration: Histogram::new(exponential_buckets(0.001, 2.0, 15)),
             writes: Family::default(),
             hostfile_conflicts: Counter::default(),
+            keys_generated: Counter::default(),
+            secrets_found: Counter::default(),
             preflight_failures: Counter::default(),
             launcher_failures: Counter::default(),
             lost_workers: Counter::default(),
@@ -58,7 +62,8 @@ impl Default for ReconcileMetrics {
 impl ReconcileMetrics {
     /// New metrics registered into `registry` (expected to carry the `mpi_webhook` prefix):
     /// `reconciles_total`, `reconcile_errors_total{error}`, `reconcile_duration_seconds`,
-    /// `writes_total{object}`, `hostfile_conflicts_total`, `preflight_failures_total`,
+    /// `writes_total{object}`, `hostfile_conflicts_total`, `ssh_keys_generated_total`,
+    /// `secrets_found_total`, `preflight_failures_total`,
     /// `launcher_failures_total`, `lost_workers_total` and `leader`.
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
@@ -86,6 +91,16 @@ impl ReconcileMetrics {
             "hostfile_conflicts",
             "Hostfile ConfigMap applies left undone because Kubeflow Trainer's field manager holds different values",
             metrics.hostfile_conflicts.clone(),
+        );
+        registry.register(
+            "ssh_keys_generated",
+            "SSH key pairs generated for Secret creates (a pair an AlreadyExists left unused is kept for the next create)",
+            metrics.keys_generated.clone(),
+        );
+        registry.register(
+            "secrets_found",
+            "Secret creates answered AlreadyExists: the Secret was there (ours, Kubeflow Trainer's or a user's) and is used as is",
+            metrics.secrets_found.clone(),
         );
         registry.register(
             "preflight_failures",
@@ -132,6 +147,26 @@ impl ReconcileMetrics {
     /// Counts one hostfile ConfigMap left to Kubeflow Trainer (its manager holds other values).
     pub fn hostfile_conflict(&self) {
         self.hostfile_conflicts.inc();
+    }
+
+    /// Counts one SSH key pair generated.
+    pub fn key_generated(&self) {
+        self.keys_generated.inc();
+    }
+
+    /// SSH key pairs generated so far.
+    pub fn keys_generated(&self) -> u64 {
+        self.keys_generated.get()
+    }
+
+    /// Counts one Secret create answered AlreadyExists.
+    pub fn secret_found(&self) {
+        self.secrets_found.inc();
+    }
+
+    /// Secret creates answered AlreadyExists so far.
+    pub fn secrets_found(&self) -> u64 {
+        self.secrets_found.get()
     }
 
     /// Counts one failed run of a launcher Pod's container recorded as an Event.

@@ -1,7 +1,8 @@
 //! `mpi-webhook reconcile`: the only part of mpi-webhook that writes to the cluster.
 //!
 //! For every TrainJob whose runtime has an MPI policy it creates the SSH Secret once (immutable,
-//! never updated or rotated; an existing one, Kubeflow Trainer's or ours, is used as is; spec D.1)
+//! never updated or rotated; an existing one, Kubeflow Trainer's or ours, is recognised by the
+//! create's AlreadyExists and used as is: it never reads a Secret; spec D.1, Decision 22)
 //! and server-side applies the hostfile ConfigMap with field manager `mpi-webhook`, so edits and
 //! drift are repaired (D.2), but never over Kubeflow Trainer's manager `trainer` (Decision 16): the
 //! apply is sent without `force`, and retried with it only when no conflicting manager is Trainer's.
@@ -39,7 +40,7 @@ mod run;
 mod tests;
 mod writes;
 
-pub use context::{Applied, AppliedConfigMaps, Context, ContextParts};
+pub use context::{Applied, AppliedConfigMaps, Context, ContextParts, EnsuredSecrets};
 pub use error::{Error, HostfileConflict, TRAINER_MANAGER};
 pub use events::Events;
 pub use leader::{LeaseSettings, TermEnd, run_while_leader};

@@ -1,6 +1,6 @@
 //! The controller's two callbacks, the same for both kinds of owner ([`MpiOwner`]):
-//! [`reconcile`] writes what the owner needs (the NetworkPolicy when on, then the Secret if
-//! absent, then the ConfigMap if it differs from the cache) and reports it as an Event;
+//! [`reconcile`] writes what the owner needs (the NetworkPolicy when on, then the Secret unless
+//! this term made or found it, then the ConfigMap if it differs from the cache) and reports it as an Event;
 //! [`error_policy`] counts and logs a failure and picks the next attempt's delay.
 
 use std::sync::Arc;
@@ -74,7 +74,7 @@ async fn write_children<K: MpiOwner>(owner: &K, ctx: &Context) -> Result<Written
         Some(policy) => apply_network_policy(policy, ctx).await?,
         None => false,
     };
-    // Upstream order (spec D): a Secret GET error emits nothing, not even the ConfigMap.
+    // Upstream order (spec D): a failed Secret create emits nothing, not even the ConfigMap.
     let secret = ensure_secret(&owner.owner(), ctx).await?;
     let configmap = apply_configmap(&desired.configmap, ctx).await?;
     Ok(Written {

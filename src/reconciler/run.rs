@@ -6,10 +6,9 @@ use std::time::Duration;
 
 use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -27,8 +26,8 @@ use crate::mpi::{MANAGED_BY_LABEL, MANAGER};
 use crate::objects::cluster::{CacheMetrics, Observer, Watch, Watches, identity, watch_config};
 use crate::shell::probes::{self, Gate, Readiness};
 
-use super::cached::{configmap_read, jobset_read, secret_read, secret_stored};
-use super::context::{Applied, AppliedConfigMaps, Context, ContextParts};
+use super::cached::{configmap_read, jobset_read};
+use super::context::{Applied, AppliedConfigMaps, Context, ContextParts, EnsuredSecrets};
 use super::error::Error;
 use super::events::Events;
 use super::launcher_pods::LauncherPods;
@@ -289,8 +288,8 @@ where
     futures::future::ready(())
 }
 
-/// The label selector of everything the reconciler creates, so its Secret, ConfigMap and
-/// NetworkPolicy watches never see (or cache) anybody else's.
+/// The label selector of everything the reconciler creates, so its ConfigMap and NetworkPolicy
+/// watches never see (or cache) anybody else's. Secrets are not watched at all (Decision 22).
 pub fn managed_selector() -> String {
     format!("{MANAGED_BY_LABEL}={MANAGER}")
 }
@@ -309,8 +308,8 @@ struct Term {
 }
 
 /// Builds a term: one watch of each kind ([`Watches`]), the TrainJob controller (TrainJobs
-/// drive it; our labelled Secrets (metadata only), ConfigMaps and NetworkPolicies trigger their
-/// owner; a changed runtime triggers the TrainJobs using it) and the JobSet-mode controller
+/// drive it; our labelled ConfigMaps and NetworkPolicies trigger their owner; a changed runtime
+/// triggers the TrainJobs using it; no Secret is watched or read, Decision 22) and the JobSet-mode controller
 /// (JobSets carrying the label, selected by the API server so no other JobSet is cached, and
 /// the same owned objects). Both controllers read the same caches and hear of changes from the
 /// same watches ([`Triggers`]), and share one context.
@@ -318,7 +317,13 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
     let client = &shared.client;
     let (triggers, train_job_triggers, jobset_triggers) = Triggers::channels();
     let mut watches = Watches::new(client.clone(), shared.cache_metrics.clone());
-    let jobs = watches.train_jobs(Some(triggers.applied(|t| &t.train_jobs)));
+    // An owner that changed is forgotten before its reconcile is asked for: that reconcile
+    // sends the Secret's create again (Decision 22).
+    let ensured = Arc::<EnsuredSecrets>::default();
+    let jobs = watches.train_jobs(Some(forgetting(
+        &ensured,
+        triggers.applied(|t| &t.train_jobs),
+    )));
     let runtimes = |watches: &mut Watches, kind| {
         let users = users_of(jobs.clone(), kind);
         watches.runtimes(kind, Some(triggers.users(users)))
@@ -327,7 +332,7 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
     let cluster = runtimes(&mut watches, RuntimeKind::ClusterTrainingRuntime);
     let objects = watches.objects(jobs.clone(), local, cluster);
     let (listed_tx, jobsets_listed) = watch::channel(false);
-    let jobset_applied = triggers.applied(|t| &t.jobsets);
+    let jobset_applied = forgetting(&ensured, triggers.applied(|t| &t.jobsets));
     let jobset_store = watches.watch(
         Watch {
             api: Api::<JobSet>::all(client.clone()),
@@ -346,17 +351,6 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
     let applied = Arc::<AppliedConfigMaps>::default();
     let applied_policies = Arc::<Applied<NetworkPolicy>>::default();
     let owned = watch_config().labels(&managed_selector());
-    let secrets = watches.watch_stored(
-        Watch {
-            api: Api::<PartialObjectMeta<Secret>>::all(client.clone()),
-            dyntype: (),
-            config: owned.clone(),
-            resource: "secrets",
-            trim: secret_read,
-        },
-        Some(secret_stored),
-        Some(triggers.owners(|_| {})),
-    );
     let seen = Arc::clone(&applied);
     let configmaps = watches.watch(
         Watch {
@@ -382,7 +376,7 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
     let ctx = Arc::new(Context::new(ContextParts {
         client: client.clone(),
         objects,
-        secrets,
+        ensured,
         configmaps,
         network_policies,
         applied,
@@ -412,8 +406,9 @@ fn term(shared: &Shared, leader: watch::Receiver<bool>) -> Term {
 
 /// How the controllers hear of changes: each watch's [`Observer`] sends the owners to reconcile
 /// to the controller of their kind. A TrainJob or JobSet that is added, changed or listed again
-/// is its own; a Secret, ConfigMap or NetworkPolicy of ours that is added, changed, deleted (by
-/// somebody else: its owner makes it again) or listed again names its owners; a changed runtime,
+/// is its own; a ConfigMap or NetworkPolicy of ours that is added, changed, deleted (by
+/// somebody else: its owner makes it again) or listed again names its owners (a Secret is not
+/// watched: a deleted one is made again at its owner's next change, Decision 22); a changed runtime,
 /// the TrainJobs using it. The channels are unbounded, but the controllers drain them at once
 /// into their queues, which merge requests for the same owner; they never fail, so no watch's
 /// error or backoff holds up another watch's events.
@@ -507,6 +502,18 @@ impl Triggers {
 fn bare<K: Resource>(mut request: ObjectRef<K>) -> ObjectRef<K> {
     request.extra = Default::default();
     request
+}
+
+/// `then`, after `ensured` forgot an owner its event shows changed or deleted.
+fn forgetting<K: Resource + 'static>(
+    ensured: &Arc<EnsuredSecrets>,
+    then: Observer<K>,
+) -> Observer<K> {
+    let ensured = Arc::clone(ensured);
+    Box::new(move |event| {
+        ensured.observe(event);
+        then(event);
+    })
 }
 
 /// Maps a changed runtime of `kind` to the TrainJobs that use it.

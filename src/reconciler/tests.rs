@@ -9,11 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::Client;
 use kube::client::Body;
-use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::store::Writer;
@@ -153,14 +152,6 @@ fn expected_network_policy() -> Value {
     })
 }
 
-fn secret_metadata() -> PartialObjectMeta<Secret> {
-    serde_json::from_value(json!({
-        "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-        "metadata": {"name": "pi-mpi-ssh-auth", "namespace": "team"}
-    }))
-    .expect("metadata")
-}
-
 /// `configmap` as the ConfigMap cache keeps it: its identity and its hostfile's digest.
 fn cached(mut configmap: ConfigMap) -> ConfigMap {
     crate::objects::cluster::identity(&mut configmap);
@@ -172,6 +163,8 @@ fn cached(mut configmap: ConfigMap) -> ConfigMap {
 #[derive(Default)]
 struct Caches {
     runtime: Option<TrainingRuntime>,
+    /// This term already created or found the owner's Secret (the reconciler reads no Secret:
+    /// this is all it knows of one).
     secret: bool,
     configmap: Option<ConfigMap>,
     network_policy: Option<NetworkPolicy>,
@@ -207,7 +200,6 @@ fn fixture(caches: Caches) -> Fixture {
         ),
         CacheMetrics::default(),
     );
-    let secrets = caches.secret.then(secret_metadata).into_iter().collect();
     let (leader, leader_rx) = watch::channel(true);
     let metrics = ReconcileMetrics::default();
     let reporter = Reporter {
@@ -217,7 +209,7 @@ fn fixture(caches: Caches) -> Fixture {
     let ctx = Context::new(ContextParts {
         client: client.clone(),
         objects,
-        secrets: synced_store((), secrets),
+        ensured: Arc::default(),
         configmaps: synced_store((), caches.configmap.map(cached).into_iter().collect()),
         network_policies: synced_store((), caches.network_policy.into_iter().collect()),
         applied: Arc::default(),
@@ -228,6 +220,11 @@ fn fixture(caches: Caches) -> Fixture {
         keygen: fixed_keys,
         object_options: caches.object_options,
     });
+    if caches.secret {
+        // The TrainJob's and the JobSet's of the tests.
+        ctx.ensured.record("uid-1");
+        ctx.ensured.record("js-uid");
+    }
     Fixture {
         ctx: Arc::new(ctx),
         server: ApiServer(handle),
@@ -421,6 +418,8 @@ fn the_selector_label_is_taken_as_present_in_the_cache() {
     assert!(!applied(&cached, &more));
 }
 
+/// The Secret is made with a create alone (201: used), never looked up first: a GET before it
+/// would fail the script, which expects the POST first (Decision 22).
 #[tokio::test]
 async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
     let f = mpi_fixture();
@@ -435,19 +434,126 @@ async fn absent_secret_is_created_with_exact_fields_then_configmap_applied() {
         (f.metrics.writes("secret"), f.metrics.writes("configmap")),
         (1, 1)
     );
+    assert_eq!(
+        (f.metrics.keys_generated(), f.metrics.secrets_found()),
+        (1, 0)
+    );
 }
 
-/// A Secret made by a racing replica (during a Lease handover) and not in the cache yet: the
-/// create is answered AlreadyExists, which counts as success.
+/// An existing Secret (ours from an earlier term, another replica's during a Lease handover)
+/// is found by the create's AlreadyExists and used as is: no GET before or after it, nothing
+/// written to it, the ConfigMap applied.
 #[tokio::test]
-async fn secret_created_by_a_racing_replica_counts_as_success() {
+async fn an_existing_secret_is_found_by_already_exists_with_no_get() {
     let f = mpi_fixture();
     let result = converse(&f.ctx, f.server, |mut api| async move {
         api.secret_create(409).await;
         api.configmap_apply().await;
     })
     .await;
+    assert_eq!(result.expect("ok"), Action::await_change());
+    assert_eq!(
+        (f.metrics.writes("secret"), f.metrics.secrets_found()),
+        (0, 1)
+    );
+}
+
+/// Once a create was answered (201 or 409) the owner's reconciles send none, and generate no
+/// key, until its own watch shows it changed; then one create is sent again, which makes a
+/// deleted Secret again. A key pair an AlreadyExists left unused is the next create's.
+#[tokio::test]
+async fn a_secret_made_or_found_is_not_created_again_until_its_owner_changes() {
+    let f = mpi_fixture();
+    let owner_changed = || f.ctx.ensured.observe(&watcher::Event::Apply(train_job()));
+    let create = |status: u16| {
+        move |mut api: ApiServer| async move {
+            api.secret_create(status).await;
+            api
+        }
+    };
+    let quiet = |api: ApiServer| async move { api };
+    let first = |mut api: ApiServer| async move {
+        api.secret_create(201).await;
+        api.configmap_apply().await;
+        api
+    };
+    let (result, server) = converse_again(&f.ctx, f.server, first).await;
     assert!(result.is_ok());
+    // Triggered again (its ConfigMap's watch event, a runtime change): nothing sent.
+    let (result, server) = converse_again(&f.ctx, server, quiet).await;
+    assert!(result.is_ok());
+    assert_eq!(f.metrics.keys_generated(), 1);
+
+    owner_changed();
+    let (result, server) = converse_again(&f.ctx, server, create(409)).await;
+    assert!(result.is_ok());
+    let (_, server) = converse_again(&f.ctx, server, quiet).await;
+    assert_eq!(
+        (f.metrics.keys_generated(), f.metrics.secrets_found()),
+        (2, 1),
+        "a new pair for that create, kept after the AlreadyExists"
+    );
+    owner_changed();
+    let (_, server) = converse_again(&f.ctx, server, create(409)).await;
+    // Somebody deleted the Secret; the owner's next change makes it again, with the spare pair.
+    owner_changed();
+    let (result, _) = converse_again(&f.ctx, server, create(201)).await;
+    assert!(result.is_ok());
+    assert_eq!(
+        (
+            f.metrics.keys_generated(),
+            f.metrics.secrets_found(),
+            f.metrics.writes("secret")
+        ),
+        (2, 2, 2)
+    );
+}
+
+/// A create that failed otherwise may still have stored its Secret (a timeout), so its key
+/// pair is never used again, and the owner is not recorded: the retry creates with a new pair.
+#[tokio::test]
+async fn a_failed_create_keeps_no_key_pair_and_records_nothing() {
+    let f = mpi_fixture();
+    let failing = |mut api: ApiServer| async move {
+        api.secret_create(500).await;
+        let (type_, _, _) = api.event().await;
+        assert_eq!(type_, "Warning");
+        api
+    };
+    let (result, server) = converse_again(&f.ctx, f.server, failing).await;
+    assert!(result.is_err());
+    let retry = |mut api: ApiServer| async move {
+        api.secret_create(201).await;
+        api.configmap_apply().await;
+        api
+    };
+    let (result, _) = converse_again(&f.ctx, server, retry).await;
+    assert!(result.is_ok());
+    assert_eq!(f.metrics.keys_generated(), 2);
+}
+
+/// The owners' own watch forgets an owner that changed or went, and nothing else: not a
+/// relist (the term's record starts empty), not another owner.
+#[test]
+fn only_a_change_or_deletion_of_the_owner_forgets_its_secret() {
+    let ensured = EnsuredSecrets::default();
+    let other: TrainJob = serde_json::from_value(
+        json!({"metadata": {"name": "other", "namespace": "team", "uid": "uid-2"}}),
+    )
+    .expect("TrainJob");
+    for (event, forgotten) in [
+        (watcher::Event::InitApply(train_job()), false),
+        (watcher::Event::Init, false),
+        (watcher::Event::InitDone, false),
+        (watcher::Event::Apply(other.clone()), false),
+        (watcher::Event::Delete(other), false),
+        (watcher::Event::Apply(train_job()), true),
+        (watcher::Event::Delete(train_job()), true),
+    ] {
+        ensured.record("uid-1");
+        ensured.observe(&event);
+        assert_eq!(!ensured.contains("uid-1"), forgotten, "{event:?}");
+    }
 }
 
 #[tokio::test]
@@ -503,7 +609,7 @@ async fn edited_configmap_is_repaired_but_foreign_additions_are_not_drift() {
 }
 
 /// A reconcile that runs before the ConfigMap watch has shown our own apply (right after a
-/// create, the Secret's watch event triggers one) does not apply again. Any watch event for the ConfigMap, a relist, or a failed apply ends that.
+/// create, another watch's event may trigger one) does not apply again. Any watch event for the ConfigMap, a relist, or a failed apply ends that.
 #[tokio::test]
 async fn own_apply_not_yet_in_the_cache_is_not_repeated() {
     let f = fixture(Caches {
@@ -686,13 +792,12 @@ async fn concurrent_reconciles_all_resume_when_the_caches_become_ready() {
         synced_store(RuntimeKind::ClusterTrainingRuntime, vec![mpi_runtime()]),
         CacheMetrics::default(),
     );
-    let mut secrets = Writer::<PartialObjectMeta<Secret>>::new(());
     let mut configmaps = Writer::<ConfigMap>::new(());
     let (_leader, leader_rx) = watch::channel(true);
     let ctx = Arc::new(Context::new(ContextParts {
         client: client.clone(),
         objects,
-        secrets: secrets.as_reader(),
+        ensured: Arc::default(),
         configmaps: configmaps.as_reader(),
         network_policies: synced_store((), vec![]),
         applied: Arc::default(),
@@ -705,14 +810,12 @@ async fn concurrent_reconciles_all_resume_when_the_caches_become_ready() {
             network_policy_default: false,
         },
     }));
+    ctx.ensured.record("uid-1");
     let waiting: Vec<_> = (0..3)
         .map(|_| tokio::spawn(reconcile(Arc::new(train_job()), ctx.clone())))
         .collect();
     // Let all three reach the wait for the caches.
     tokio::time::sleep(Duration::from_millis(50)).await;
-    secrets.apply_watcher_event(&watcher::Event::Init);
-    secrets.apply_watcher_event(&watcher::Event::InitApply(secret_metadata()));
-    secrets.apply_watcher_event(&watcher::Event::InitDone);
     let configmap = serde_json::from_value(expected_configmap()).expect("cm");
     configmaps.apply_watcher_event(&watcher::Event::Init);
     configmaps.apply_watcher_event(&watcher::Event::InitApply(cached(configmap)));
@@ -785,7 +888,7 @@ fn shared(client: Client) -> Shared {
 }
 
 #[tokio::test]
-async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
+async fn owned_watches_are_label_selected_and_no_secret_is_ever_listed_or_watched() {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let shared = shared(Client::new(service, "default"));
     let (leader, leader_rx) = watch::channel(true);
@@ -800,9 +903,9 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
         let _keep = stop_tx;
         run.await;
     });
-    let mut seen = Vec::new();
-    for _ in 0..7 {
-        let (request, _reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
+    let (mut seen, mut open) = (Vec::new(), Vec::new());
+    for _ in 0..6 {
+        let (request, reply) = tokio::time::timeout(TIMEOUT, handle.next_request())
             .await
             .expect("a watch request")
             .expect("open");
@@ -817,6 +920,7 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
             request.uri().query().unwrap_or_default().to_string(),
             accept,
         ));
+        open.push(reply); // unanswered, so no watch retries
     }
     seen.sort();
     let selector = format!(
@@ -828,7 +932,6 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
         paths,
         [
             "/api/v1/configmaps",
-            "/api/v1/secrets",
             "/apis/jobset.x-k8s.io/v1alpha2/jobsets",
             "/apis/networking.k8s.io/v1/networkpolicies",
             "/apis/trainer.kubeflow.org/v1alpha1/clustertrainingruntimes",
@@ -839,11 +942,15 @@ async fn owned_watches_are_label_selected_and_secrets_metadata_only() {
     for (path, query, accept) in &seen {
         let owned = path.starts_with("/api/v1/") || path.contains("/networking.k8s.io/");
         assert_eq!(query.contains(&selector), owned, "{path}?{query}");
-        assert_eq!(
-            accept.contains("PartialObjectMetadata"),
-            path.ends_with("/secrets"),
+        assert!(
+            !accept.contains("PartialObjectMetadata"),
             "{path}: {accept}"
         );
+    }
+    // Every watch is open: nothing else is asked for, a Secret least of all (Decision 22).
+    let more = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+    if let Ok(Some((request, _))) = more {
+        panic!("a seventh request: {}", request.uri());
     }
     leader.send_replace(false);
     drop(leader);
@@ -967,9 +1074,9 @@ async fn controller_runs_only_while_leading() {
         .expect("no panic");
 }
 
-/// A Secret Kubeflow Trainer made first carries no label of ours, so the label-selected cache
-/// misses it; the create is answered AlreadyExists and the Secret is used as is: nothing
-/// written to it, the ConfigMap applied.
+/// A Secret Kubeflow Trainer made first (no label of ours) is found the same way: the create
+/// is answered AlreadyExists and the Secret is used as is, nothing written to it, the ConfigMap
+/// applied.
 #[tokio::test]
 async fn unlabelled_secret_made_by_trainer_is_used_as_is() {
     let f = mpi_fixture();

@@ -1,4 +1,4 @@
-//! The reconciler's writes: the Secret created once, and the ConfigMap and NetworkPolicy
+//! The reconciler's writes: the Secret created once (a create, never a read), and the ConfigMap and NetworkPolicy
 //! server-side applied unless the cache shows them in place, never forced over Kubeflow
 //! Trainer's manager (Decision 16). Every write checks leadership right before it is sent.
 
@@ -11,45 +11,48 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource};
 
 use crate::mpi::ssh_secret::ssh_secret;
-use crate::mpi::{HOSTFILE_NAME, MANAGED_BY_LABEL, MANAGER, Owner, ssh_secret_name};
+use crate::mpi::{HOSTFILE_NAME, MANAGED_BY_LABEL, MANAGER, Owner};
 
 use super::cached::{cached_hostfile, digest};
 use super::conflict;
 use super::context::{Applied, Context};
 use super::error::{Error, HostfileConflict, TRAINER_MANAGER};
 
-/// Creates `owner`'s Secret unless the Secret cache shows it exists; keys are generated only
-/// then. Returns whether it was created.
+/// Creates `owner`'s Secret unless this term already created or found it
+/// ([`super::context::EnsuredSecrets`]). Returns whether it was created.
 ///
-/// The cache is spec D.1's GET: upstream's `client.Get` reads the controller manager's informer
-/// cache, as this reads ours, and creates on NotFound. Neither is a quorum read, and neither
-/// needs one: a Secret the cache has not seen yet (made a moment ago, by another replica during
-/// a Lease handover, or without our label by Kubeflow Trainer or a user) makes the create below
-/// answer AlreadyExists, and it is used as is. A GET before each create would cost the API
-/// server a request per new job and tell nothing the create does not.
+/// The create alone is spec D.1's "created only when absent": the reconciler may not read
+/// Secrets (Decision 22), so an existing one (ours, Kubeflow Trainer's, a user's, another
+/// replica's during a Lease handover) is recognised by the create's AlreadyExists and used as
+/// is. Either answer records the owner, so its later reconciles send nothing until its own watch
+/// shows it changed. The key pair comes from [`Context::key_pair`]: a pair an AlreadyExists left
+/// unused is kept for the next create, so a create answered AlreadyExists costs no key.
 pub(super) async fn ensure_secret(owner: &Owner, ctx: &Context) -> Result<bool, Error> {
-    let (namespace, name) = (owner.namespace.as_str(), ssh_secret_name(&owner.name));
-    if ctx
-        .secrets
-        .get(&ObjectRef::new(&name).within(namespace))
-        .is_some()
-    {
+    if ctx.ensured.contains(&owner.uid) {
         return Ok(false);
     }
-    let api = Api::<Secret>::namespaced(ctx.client.clone(), namespace);
-    let secret = ssh_secret(owner.clone(), &(ctx.keygen)().map_err(Error::Keys)?);
     ctx.ensure_leader()?;
+    let keys = ctx.key_pair()?;
+    let secret = ssh_secret(owner.clone(), &keys);
     let params = PostParams {
         field_manager: Some(MANAGER.to_string()),
         ..PostParams::default()
     };
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), &owner.namespace);
     match api.create(&params, &secret).await {
         Ok(_) => {
             ctx.metrics.write("secret");
+            ctx.ensured.record(&owner.uid);
             Ok(true)
         }
-        // The Secret is there: not yet in the cache, made by another replica, or not ours.
-        Err(kube::Error::Api(status)) if status.is_already_exists() => Ok(false),
+        // The Secret is there: ours from before, another replica's, or not ours. Nothing was
+        // stored, so the key pair is nobody's and is kept for the next create.
+        Err(kube::Error::Api(status)) if status.is_already_exists() => {
+            ctx.keep_spare(keys);
+            ctx.metrics.secret_found();
+            ctx.ensured.record(&owner.uid);
+            Ok(false)
+        }
         Err(error) => Err(Error::CreateSecret(error)),
     }
 }

@@ -8,6 +8,7 @@
 //! Every wait is bounded and polls; nothing asserts a duration.
 
 mod admission;
+mod authorizer;
 mod control_plane;
 mod harness;
 mod helm;

@@ -301,6 +301,53 @@ async fn a_secret_trainer_made_first_is_used_as_is() {
     forget(&admin, &job).await;
 }
 
+/// The reconciler reads no Secret (Decision 22): one deleted under it is not seen, and is made
+/// again, with a new key, at its owner's next change (here an annotation); until then the
+/// owner's other reconciles send no create.
+#[tokio::test]
+async fn a_deleted_secret_is_made_again_at_its_owners_next_change() {
+    let Some(plane) = control_plane::shared().await else {
+        return;
+    };
+    let _turn = RECONCILER_TURN.lock().await;
+    let (ns, job) = with_train_job(plane, "deleted-secret").await;
+    let admin = plane.admin();
+    let mut reconciler = Reconciler::start(plane, &[]);
+    let first = reconciler
+        .wait_for("the Secret", || secret(&admin, &ns, "pi-mpi-ssh-auth"))
+        .await;
+    reconciler
+        .wait_for("the ConfigMap", || ours_applied(&admin, &ns))
+        .await;
+    let secret_api = api_for(&admin, &first, Some(&ns));
+    secret_api
+        .delete("pi-mpi-ssh-auth", &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    resync(&admin, &job, &mut reconciler, 0).await;
+    let again = reconciler
+        .wait_for("the Secret made again", || {
+            secret(&admin, &ns, "pi-mpi-ssh-auth")
+        })
+        .await;
+    assert_ne!(
+        again["metadata"]["uid"], first["metadata"]["uid"],
+        "a new Secret"
+    );
+    assert_ne!(again["data"], first["data"], "with a new key pair");
+    assert_eq!(
+        again["metadata"]["ownerReferences"],
+        json!([owner_of(&job)])
+    );
+    assert_eq!(
+        reconciler
+            .metric("mpi_webhook_ssh_keys_generated_total")
+            .await,
+        2
+    );
+    forget(&admin, &job).await;
+}
+
 #[tokio::test]
 async fn a_kubectl_edit_is_repaired_with_force() {
     let Some(plane) = control_plane::shared().await else {
