@@ -15,6 +15,7 @@
 mod cluster;
 #[path = "../envtest/control_plane.rs"]
 mod control_plane;
+mod first_runs;
 #[path = "../cluster/jobs.rs"]
 #[allow(dead_code)]
 mod jobs;
