@@ -1,6 +1,6 @@
-// Kueue v0.19.2, the newest release the // Shared modules pinned to the same versions in the three neighbours' modules, so their
+// Kueue v0.19.2, the newest release the module proxy serves, pinned (scripts/install-neighbours.sh).
+// Shared modules pinned to the same versions in the three neighbours' modules, so their
 // compiled packages are shared (docs/development.md "The neighbours, built from their Go modules").
-module proxy serves, pinned (scripts/install-neighbours.sh).
 module mpi-webhook.test/neighbours/kueue
 
 go 1.26.0
