@@ -302,8 +302,7 @@ async fn a_secret_trainer_made_first_is_used_as_is() {
 }
 
 /// The reconciler reads no Secret (Decision 22): one deleted under it is not seen, and is made
-/// again, with a new key, at its owner's next change (here an annotation); until then the
-/// owner's other reconciles send no create.
+/// again, with a new key, at its owner's next change (here an annotation).
 #[tokio::test]
 async fn a_deleted_secret_is_made_again_at_its_owners_next_change() {
     let Some(plane) = control_plane::shared().await else {
@@ -339,12 +338,8 @@ async fn a_deleted_secret_is_made_again_at_its_owners_next_change() {
         again["metadata"]["ownerReferences"],
         json!([owner_of(&job)])
     );
-    assert_eq!(
-        reconciler
-            .metric("mpi_webhook_ssh_keys_generated_total")
-            .await,
-        2
-    );
+    // No count of key pairs here: the reconciler watches every namespace of the shared control
+    // plane, so other tests' owners make theirs too (the unit tests count them).
     forget(&admin, &job).await;
 }
 
