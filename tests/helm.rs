@@ -473,6 +473,27 @@ fn the_charts_app_version_is_the_image_tag_the_kustomize_base_deploys() {
     assert_eq!(chart["appVersion"], kustomization["images"][0]["newTag"]);
 }
 
+/// The chart refuses a cluster older than the oldest Kubernetes docs/install.md supports, so
+/// the two cannot drift apart.
+#[test]
+fn the_charts_kube_version_is_the_oldest_kubernetes_install_md_supports() {
+    let chart: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(chart().join("Chart.yaml")).expect("read Chart.yaml"),
+    )
+    .expect("Chart.yaml parses");
+    let install =
+        std::fs::read_to_string(repo().join("docs/install.md")).expect("read docs/install.md");
+    let oldest = install
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("- Kubernetes ")
+                .and_then(|rest| rest.split_once(" or later"))
+                .map(|(version, _)| version.to_owned())
+        })
+        .expect("docs/install.md: a line `- Kubernetes X.Y or later`");
+    assert_eq!(chart["kubeVersion"], format!(">= {oldest}.0-0"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // Values
 
