@@ -205,9 +205,11 @@ pub fn name_of(object: &Value) -> String {
 }
 
 /// Prints the log of each failed launcher run seen since the last call (the kubelet drops it
-/// once the pod is gone), so a restart that the test tolerates still says why.
-pub async fn report_restarts(client: &Client, ns: &str, name: &str, seen: &mut i32) {
+/// once the pod is gone), so a restart that the test tolerates still says why; returns them, each
+/// as `exit <code>: <last lines>`.
+pub async fn report_restarts(client: &Client, ns: &str, name: &str, seen: &mut i32) -> Vec<String> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let mut failed_runs = Vec::new();
     for pod in pods_of(client, ns, name, "launcher").await {
         let statuses = pod
             .status
@@ -222,14 +224,14 @@ pub async fn report_restarts(client: &Client, ns: &str, name: &str, seen: &mut i
             let params = LogParams {
                 container: Some(status.name.clone()),
                 previous: true,
-                tail_lines: Some(20),
+                tail_lines: Some(40),
                 ..Default::default()
             };
             let pod_name = pod.metadata.name.clone().unwrap_or_default();
             let log = pods
                 .logs(&pod_name, &params)
                 .await
-                .unwrap_or_else(|e| format!("({e})"));
+                .unwrap_or_else(|e| format!("(no previous log: {e})"));
             let exit = status
                 .last_state
                 .and_then(|s| s.terminated)
@@ -238,8 +240,10 @@ pub async fn report_restarts(client: &Client, ns: &str, name: &str, seen: &mut i
                 "cluster: {ns}/{pod_name} {} restarted (exit {exit:?}); its last lines:\n{log}",
                 status.name
             );
+            failed_runs.push(format!("exit {exit:?}: {log}"));
         }
     }
+    failed_runs
 }
 
 /// The pods of replicatedJob `job` of JobSet `name`, by name.

@@ -18,6 +18,7 @@ use tokio::sync::OnceCell;
 use crate::cluster::{Cluster, neighbour};
 use crate::control_plane::{KUEUE, Process, free_port};
 use crate::support::{apply, documents, serving_certs};
+use crate::trainer::{kustomize, ready};
 
 /// The namespace Kueue's release installs into (its ServiceAccount's, [`KUEUE`]'s).
 pub const NAMESPACE: &str = "kueue-system";
@@ -71,7 +72,7 @@ pub async fn running(cluster: &Cluster) -> Result<(), String> {
 
 /// The objects of the release's kustomization `dir` under its default overlay's namespace and
 /// name prefix (`kueue-system`, `kueue-`), as `kubectl kustomize` renders them.
-fn kustomize(dir: &std::path::Path, work: &std::path::Path) -> Result<Vec<Value>, String> {
+fn kustomize_overlaid(dir: &std::path::Path, work: &std::path::Path) -> Result<Vec<Value>, String> {
     let overlay = work.join("overlay");
     std::fs::create_dir_all(&overlay).map_err(|e| e.to_string())?;
     // kustomize takes a base by a path relative to the overlay.
@@ -94,20 +95,7 @@ fn kustomize(dir: &std::path::Path, work: &std::path::Path) -> Result<Vec<Value>
         ),
     )
     .map_err(|e| e.to_string())?;
-    let out = std::process::Command::new("kubectl")
-        .arg("kustomize")
-        .arg(&overlay)
-        .output()
-        .map_err(|e| format!("kubectl kustomize {}: {e}", dir.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "kubectl kustomize {}: {}",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    mpi_webhook::objects::dir::parse_documents(&String::from_utf8_lossy(&out.stdout), false)
-        .map_err(|e| format!("kubectl kustomize {}: {e}", dir.display()))
+    kustomize(&overlay)
 }
 
 /// A shell that runs Kueue with `/etc` overlaid in a mount namespace of its own, where the
@@ -144,7 +132,7 @@ async fn start(cluster: &Cluster) -> Result<Process, String> {
     cluster.plane.apply_crds(&crds).await;
 
     cluster.plane.create_namespace(NAMESPACE).await;
-    for object in kustomize(&release.join("rbac"), &work)? {
+    for object in kustomize_overlaid(&release.join("rbac"), &work)? {
         apply(&admin, &object, "cluster").await;
     }
 
@@ -190,24 +178,13 @@ async fn start(cluster: &Cluster) -> Result<Process, String> {
         &[("KUBECONFIG", &kubeconfig)],
         &cluster.logs.join("kueue.log"),
     )?;
-    let health = std::net::SocketAddr::from(([127, 0, 0, 1], health_port));
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        let ready = crate::support::get_plain(health, "/readyz").await;
-        if ready.is_some_and(|body| body.trim() == "ok") {
-            break;
-        }
-        if let Some(status) = process.exited() {
-            return Err(format!("Kueue exited ({status}):\n{}", process.log_tail()));
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "Kueue: no /readyz within {START_TIMEOUT:?}:\n{}",
-                process.log_tail()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    ready(
+        "Kueue",
+        &mut process,
+        health_port,
+        Instant::now() + START_TIMEOUT,
+    )
+    .await?;
 
     // Its webhooks as the release configures them, cut to those it serves, as `url:` webhooks.
     let mut configurations =

@@ -101,8 +101,9 @@ pub fn missing(version: &str) -> Option<String> {
     })
 }
 
-/// The objects of a kustomization of the release, as `kubectl kustomize` renders it.
-fn kustomize(dir: &Path) -> Result<Vec<Value>, String> {
+/// The objects of kustomization `dir` (a neighbour's release), as `kubectl kustomize` renders
+/// them.
+pub fn kustomize(dir: &Path) -> Result<Vec<Value>, String> {
     let out = Command::new("kubectl")
         .arg("kustomize")
         .arg(dir)
@@ -190,27 +191,14 @@ async fn start(cluster: &Cluster, version: &str) -> Result<Running, String> {
         &[("KUBECONFIG", &kubeconfig), ("TMPDIR", &tmp)],
         &cluster.logs.join(format!("trainer-{version}-{n}.log")),
     )?;
-    let health = std::net::SocketAddr::from(([127, 0, 0, 1], health_port));
     let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        let ready = crate::support::get_plain(health, "/readyz").await;
-        if ready.is_some_and(|body| body.trim() == "ok") {
-            break;
-        }
-        if let Some(status) = process.exited() {
-            return Err(format!(
-                "Trainer {version} exited ({status}):\n{}",
-                process.log_tail()
-            ));
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "Trainer {version}: no /readyz within {START_TIMEOUT:?}:\n{}",
-                process.log_tail()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    ready(
+        &format!("Trainer {version}"),
+        &mut process,
+        health_port,
+        deadline,
+    )
+    .await?;
 
     // Its webhooks as the release configures them, as `url:` webhooks.
     cluster
@@ -263,6 +251,36 @@ async fn start(cluster: &Cluster, version: &str) -> Result<Running, String> {
         version: version.to_owned(),
         process,
     })
+}
+
+/// Waits until controller `what` (a controller-runtime manager, `process`) answers `ok` on
+/// `/readyz` at 127.0.0.1:`health_port`, failing when it exits or at `deadline`.
+///
+/// # Errors
+/// It exited or was not ready in time; the message holds its last log lines.
+pub async fn ready(
+    what: &str,
+    process: &mut Process,
+    health_port: u16,
+    deadline: Instant,
+) -> Result<(), String> {
+    let health = std::net::SocketAddr::from(([127, 0, 0, 1], health_port));
+    loop {
+        let ready = crate::support::get_plain(health, "/readyz").await;
+        if ready.is_some_and(|body| body.trim() == "ok") {
+            return Ok(());
+        }
+        if let Some(status) = process.exited() {
+            return Err(format!("{what} exited ({status}):\n{}", process.log_tail()));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{what}: no /readyz in time:\n{}",
+                process.log_tail()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// Every container of a runtime's or TrainJob's JobSet template in [`TRAINER_IMAGE`], never

@@ -15,13 +15,11 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::Client;
-use kube::api::{Api, DeleteParams, LogParams};
+use kube::api::DeleteParams;
 use serde_json::json;
 
 use crate::cluster::Cluster;
-use crate::jobs::{JOB_TIMEOUT, diagnose, launcher_restarts, name_of, pods_of};
+use crate::jobs::{JOB_TIMEOUT, diagnose, launcher_restarts, name_of, pods_of, report_restarts};
 use crate::scenarios::{DEEPSPEED, TRAINJOB, cluster_with, train_job_sample, true_conditions};
 use crate::support::{api_for, create, events, get, list};
 
@@ -65,49 +63,6 @@ fn load_average() -> String {
         .unwrap_or_default()
 }
 
-/// The previous-run log of each launcher restart seen since the last call, kept in `logs`.
-async fn collect_restarts(
-    client: &Client,
-    ns: &str,
-    name: &str,
-    seen: &mut i32,
-    logs: &mut Vec<String>,
-) {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    for pod in pods_of(client, ns, name, "launcher").await {
-        let statuses = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.clone())
-            .unwrap_or_default();
-        for status in statuses.into_iter().filter(|s| s.name == "node") {
-            if status.restart_count <= *seen {
-                continue;
-            }
-            *seen = status.restart_count;
-            let params = LogParams {
-                container: Some(status.name.clone()),
-                previous: true,
-                tail_lines: Some(40),
-                ..Default::default()
-            };
-            let pod_name = pod.metadata.name.clone().unwrap_or_default();
-            let log = pods
-                .logs(&pod_name, &params)
-                .await
-                .unwrap_or_else(|e| format!("(no previous log: {e})"));
-            let exit = status
-                .last_state
-                .and_then(|s| s.terminated)
-                .map(|t| t.exit_code);
-            eprintln!(
-                "#3783: {ns}/{pod_name} restarted (exit {exit:?}); its failed run's log:\n{log}"
-            );
-            logs.push(format!("exit {exit:?}: {log}"));
-        }
-    }
-}
-
 /// Waits until TrainJob `name` is `Complete`, collecting its launcher's failed runs; panics when
 /// it fails or takes longer than [`JOB_TIMEOUT`].
 async fn measure_until_complete(cluster: &Cluster, ns: &str, name: &str) -> Launcher {
@@ -116,7 +71,7 @@ async fn measure_until_complete(cluster: &Cluster, ns: &str, name: &str) -> Laun
     let mut seen = 0;
     let mut failed_logs = Vec::new();
     loop {
-        collect_restarts(&client, ns, name, &mut seen, &mut failed_logs).await;
+        failed_logs.extend(report_restarts(&client, ns, name, &mut seen).await);
         let train_job = get(&client, TRAINJOB.0, TRAINJOB.1, ns, name)
             .await
             .unwrap_or_default();
@@ -133,7 +88,7 @@ async fn measure_until_complete(cluster: &Cluster, ns: &str, name: &str) -> Laun
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     let took = started.elapsed();
-    collect_restarts(&client, ns, name, &mut seen, &mut failed_logs).await;
+    failed_logs.extend(report_restarts(&client, ns, name, &mut seen).await);
     let launchers = pods_of(&client, ns, name, "launcher").await.len();
     let restarts = launcher_restarts(&client, ns, name, "node").await;
     let runs = restarts + i32::try_from(launchers).unwrap_or(1);

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use crate::cluster::{self, Cluster};
 use crate::jobs::{JOB_TIMEOUT, containers, diagnose, finished, name_of, pods_of, sample, until};
 use crate::scenarios::{
-    TRAINJOB, cluster_with, completes_with_a_rank_on_every_host, true_conditions,
+    TRAINJOB, cluster_with, completes_with_a_rank_on_every_host, neighbour_missing, true_conditions,
 };
 use crate::support::{apply, create, get, list};
 use crate::{kueue, trainer};
@@ -26,31 +26,28 @@ const JOBSET: (&str, &str) = ("jobset.x-k8s.io/v1alpha2", "JobSet");
 const PRIORITY_CLASS: &str = "kueue.x-k8s.io/priority-class";
 /// The shipped Open MPI JobSet-mode sample.
 const JOBSET_SAMPLE: &str = "manifests/samples/jobset-pi-openmpi.yaml";
-static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
+/// The cluster with Kueue running; `None` when the cluster suite is opted out of.
+async fn with_kueue() -> Option<&'static Cluster> {
+    let cluster = cluster::shared().await?;
+    if neighbour_missing(kueue::missing()) {
+        return None;
+    }
+    kueue::running(cluster)
+        .await
+        .unwrap_or_else(|e| panic!("Kueue: {e}"));
+    Some(cluster)
+}
 
-/// The cluster with Trainer `version` and Kueue running; `None` when the cluster suite is opted
-/// out of.
-async fn cluster_with_kueue(
+/// The cluster with Kueue and Trainer `version` running; `None` when the cluster suite is
+/// opted out of.
+async fn with_kueue_and_trainer(
     version: &str,
 ) -> Option<(
     &'static Cluster,
     tokio::sync::RwLockReadGuard<'static, Option<trainer::Running>>,
 )> {
-    let cluster = cluster::shared().await?;
-    if let Some(missing) = kueue::missing() {
-        crate::prerequisites::skip_or_fail(
-            "cluster",
-            &missing,
-            "scripts/install-test-deps.sh builds it",
-            &SKIP_NOTICE,
-        );
-        return None;
-    }
-    let running = cluster_with(version).await?;
-    kueue::running(cluster)
-        .await
-        .unwrap_or_else(|e| panic!("Kueue: {e}"));
-    Some(running)
+    with_kueue().await?;
+    cluster_with(version).await
 }
 
 /// A ResourceFlavor, a ClusterQueue with quota for `pods` Pods of it (CPU and memory to spare:
@@ -106,7 +103,7 @@ fn has_flavor(pod_spec: &Value) -> bool {
 /// with Kueue's node selector and toleration (our webhook allows that UPDATE), runs wired (the
 /// ssh set-up, the pre-flight), and completes.
 async fn a_trainjob_and_a_jobset_take_turns(version: &str, prefix: &str) {
-    let Some((cluster, _trainer)) = cluster_with_kueue(version).await else {
+    let Some((cluster, _trainer)) = with_kueue_and_trainer(version).await else {
         return;
     };
     let client = cluster.admin();
@@ -230,21 +227,9 @@ async fn made_for(client: &kube::Client, ns: &str, name: &str) -> [(Value, Value
 /// the second to `Completed`, then admits the first again, which resumes and completes with the
 /// SSH Secret and hostfile it had before (the same uid and resourceVersion: nothing re-made).
 async fn a_preempted_jobset_resumes_with_its_secret(prefix: &str) {
-    let Some(cluster) = cluster::shared().await else {
+    let Some(cluster) = with_kueue().await else {
         return;
     };
-    if let Some(missing) = kueue::missing() {
-        crate::prerequisites::skip_or_fail(
-            "cluster",
-            &missing,
-            "scripts/install-test-deps.sh builds it",
-            &SKIP_NOTICE,
-        );
-        return;
-    }
-    kueue::running(cluster)
-        .await
-        .unwrap_or_else(|e| panic!("Kueue: {e}"));
     let client = cluster.admin();
     let ns = cluster.plane.namespace(prefix).await;
     let queue = queue_with_room_for(cluster, &ns, 3).await;

@@ -29,10 +29,10 @@ const OPEN_MPI_ENV: [&str; 5] = [
 pub const TRAINJOB: (&str, &str) = ("trainer.kubeflow.org/v1alpha1", "TrainJob");
 static SKIP_NOTICE: std::sync::Once = std::sync::Once::new();
 
-/// Whether Trainer `version` is not built here: then the scenario is skipped when the cluster
-/// suite is opted out of, and fails saying so otherwise.
-fn trainer_missing(version: &str) -> bool {
-    let Some(missing) = trainer::missing(version) else {
+/// Whether a neighbour is not built here (`missing` says which): then the scenario is skipped
+/// when the cluster suite is opted out of, and fails saying so otherwise.
+pub fn neighbour_missing(missing: Option<String>) -> bool {
+    let Some(missing) = missing else {
         return false;
     };
     crate::prerequisites::skip_or_fail(
@@ -42,6 +42,11 @@ fn trainer_missing(version: &str) -> bool {
         &SKIP_NOTICE,
     );
     true
+}
+
+/// Whether Trainer `version` is not built here ([`neighbour_missing`]).
+fn trainer_missing(version: &str) -> bool {
+    neighbour_missing(trainer::missing(version))
 }
 
 /// The cluster with Trainer `version` running, for the scenario's lifetime; `None` when the
