@@ -254,19 +254,26 @@ dnsmasq --keep-in-foreground --no-resolv --no-hosts --no-dhcp-interface="$BRIDGE
   --local=/cluster.local/ --domain-needed --addn-hosts="$NODE_DIR/dns/pods" \
   --pid-file= --user=root --log-facility="$NODE_DIR/dnsmasq.log" &
 dnsmasq_pid=$!
-# feed_dns: reads watch events `TYPE|NAMESPACE|NAME|IP|HOSTNAME|SUBDOMAIN` and rewrites the hosts
-# file (then SIGHUP: dnsmasq clears its cache and reads it again) whenever a record changes.
+# feed_dns: reads watch events `TYPE|NAMESPACE|NAME|IP|HOSTNAME|SUBDOMAIN|PHASE` and rewrites the
+# hosts file (then SIGHUP: dnsmasq clears its cache and reads it again) whenever a record changes.
+# A record goes only with its Pod (deleted, or Succeeded or Failed): an update that lacks the IP
+# for a moment keeps it, as CoreDNS keeps a headless Service's endpoint, so a running job's host
+# names never flicker out of DNS. Every event is logged to dns-events.log.
 feed_dns() {
-  local type ns name ip host sub key
+  local type ns name ip host sub phase key
   local -A records=()
-  while IFS='|' read -r type ns name ip host sub; do
+  while IFS='|' read -r type ns name ip host sub phase; do
+    printf '%s %s %s/%s ip=%s %s.%s %s\n' "$(date +%T.%N)" "$type" "$ns" "$name" "$ip" "$host" \
+      "$sub" "$phase" >>"$NODE_DIR/dns-events.log"
     key="$ns/$name"
-    if [[ "$type" != DELETED && -n "$ip" && -n "$host" && -n "$sub" ]]; then
+    if [[ "$type" == DELETED || "$phase" == Succeeded || "$phase" == Failed ]]; then
+      [[ -n "${records[$key]:-}" ]] || continue
+      unset "records[$key]"
+    elif [[ -n "$ip" && -n "$host" && -n "$sub" ]]; then
       [[ "${records[$key]:-}" == "$ip $host.$sub.$ns.svc.cluster.local" ]] && continue
       records[$key]="$ip $host.$sub.$ns.svc.cluster.local"
     else
-      [[ -n "${records[$key]:-}" ]] || continue
-      unset "records[$key]"
+      continue
     fi
     printf '%s\n' "${records[@]}" | sort >"$NODE_DIR/dns/pods.next"
     mv "$NODE_DIR/dns/pods.next" "$NODE_DIR/dns/pods"
@@ -274,7 +281,7 @@ feed_dns() {
   done
 }
 (
-  template='{.type}|{.object.metadata.namespace}|{.object.metadata.name}|{.object.status.podIP}|{.object.spec.hostname}|{.object.spec.subdomain}{"\n"}'
+  template='{.type}|{.object.metadata.namespace}|{.object.metadata.name}|{.object.status.podIP}|{.object.spec.hostname}|{.object.spec.subdomain}|{.object.status.phase}{"\n"}'
   # A watch ends now and then (the API server's timeout): start again from a fresh list.
   while kill -0 "$dnsmasq_pid" 2>/dev/null; do
     "$KUBECTL" get pods -A --watch --output-watch-events -o jsonpath="$template" 2>>"$NODE_DIR/dns-feed.log" |
