@@ -16,6 +16,9 @@ use std::process::{Command, Output};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
+#[path = "support/kustomize.rs"]
+mod kustomize;
+use kustomize::{kustomize, placeholder_tls};
 #[path = "support/prerequisites.rs"]
 mod prerequisites;
 
@@ -119,47 +122,6 @@ fn helm_template_output(helm: &Path, args: &[&str]) -> Output {
     ];
     all.extend_from_slice(args);
     run(helm, &all)
-}
-
-/// Placeholder PEM files for the certs mode and the cli-certs overlay alike.
-fn placeholder_tls(dir: &Path) -> [(String, PathBuf); 3] {
-    ["tls.crt", "tls.key", "ca.crt"].map(|file| {
-        let path = dir.join(file);
-        std::fs::write(&path, format!("placeholder {file}\n")).expect("write");
-        (file.to_string(), path)
-    })
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read dir") {
-        let path = entry.expect("dir entry").path();
-        let target = to.join(path.file_name().expect("file name"));
-        if path.is_dir() {
-            copy_dir(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).expect("copy");
-        }
-    }
-}
-
-/// `kubectl kustomize manifests/<path>`, from a copy of manifests/ with the cli-certs overlay's
-/// git-ignored `tls/` files written as the same placeholders [`placeholder_tls`] writes.
-fn kustomize(kubectl: &Path, path: &str) -> Vec<Value> {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("manifests");
-    copy_dir(&repo().join("manifests"), &root);
-    placeholder_tls(&root.join("overlays/cli-certs/tls"));
-    let out = run(
-        kubectl,
-        &["kustomize", root.join(path).to_str().expect("utf-8 path")],
-    );
-    assert!(
-        out.status.success(),
-        "kubectl kustomize manifests/{path} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    parse(&String::from_utf8(out.stdout).expect("utf-8"))
 }
 
 fn key(object: &Value) -> (String, String, String) {

@@ -16,6 +16,9 @@ use mpi_webhook::api_calls::{API_CALLS, RECONCILE, SERVE};
 use pretty_assertions::assert_eq;
 use serde_json::{Value, json};
 
+#[path = "support/kustomize.rs"]
+mod kustomize;
+use kustomize::{copy_dir, kustomize, kustomize_with};
 #[path = "support/pod_validation.rs"]
 mod pod_validation;
 #[path = "support/prerequisites.rs"]
@@ -166,53 +169,6 @@ fn tool(name: &str, probe: &[&str]) -> Option<PathBuf> {
         &NOTICE,
     );
     None
-}
-
-fn copy_dir(from: &Path, to: &Path) {
-    std::fs::create_dir_all(to).expect("mkdir");
-    for entry in std::fs::read_dir(from).expect("read dir") {
-        let path = entry.expect("dir entry").path();
-        let target = to.join(path.file_name().expect("file name"));
-        if path.is_dir() {
-            copy_dir(&path, &target);
-        } else {
-            std::fs::copy(&path, &target).expect("copy");
-        }
-    }
-}
-
-/// Renders `manifests/<path>` with `kubectl kustomize`, from a copy of `manifests/` in which the
-/// cli-certs overlay has placeholder `tls/` files (they are generated and git-ignored).
-fn kustomize(kubectl: &Path, path: &str) -> Vec<Value> {
-    kustomize_with(kubectl, path, &[])
-}
-
-/// [`kustomize`] on a copy of `manifests/` with `extra` files (path, content) written into it.
-fn kustomize_with(kubectl: &Path, path: &str, extra: &[(&str, &str)]) -> Vec<Value> {
-    let tmp = tempfile::tempdir().expect("tempdir");
-    let root = tmp.path().join("manifests");
-    copy_dir(&manifests(), &root);
-    for (file, content) in extra {
-        let file = root.join(file);
-        std::fs::create_dir_all(file.parent().expect("a directory")).expect("mkdir");
-        std::fs::write(file, content).expect("write");
-    }
-    for file in ["tls.crt", "tls.key", "ca.crt"] {
-        let content = format!("placeholder {file}\n");
-        std::fs::write(root.join("overlays/cli-certs/tls").join(file), content).expect("write");
-    }
-    let out = Command::new(kubectl)
-        .arg("kustomize")
-        .arg(root.join(path))
-        .output()
-        .expect("run kubectl kustomize");
-    assert!(
-        out.status.success(),
-        "kubectl kustomize manifests/{path} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).expect("utf-8");
-    serde_saphyr::from_str_multiple::<Value, Vec<Value>>(&text).expect("rendered YAML parses")
 }
 
 // ---------------------------------------------------------------------------------------------
